@@ -1,0 +1,1 @@
+//! Queue tree, water-filling fair share and DRF ordering.

@@ -1,0 +1,1 @@
+//! Generated protocol code (filled in by the protocol work).
