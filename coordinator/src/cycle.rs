@@ -1,1 +1,369 @@
 //! One scheduling cycle: snapshot in, decisions out.
+//!
+//! [`schedule`] builds the per-cycle context (queue tree, fair shares, shape mix, capacity
+//! index), then runs the actions in order: stale-gang, allocate, consolidate, reclaim, preempt.
+//! All of them work through one tentative statement, so a failed gang or victim search rolls
+//! back without a trace. What survives becomes [`Decisions`].
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::actions::Engine;
+use crate::model::{Assignment, Resource, Snapshot};
+use crate::placement::ScoreWeights;
+use crate::placement::frag::ShapeMix;
+
+/// Knobs of a cycle. `Default` is the production setting.
+#[derive(Clone, Debug)]
+pub struct CycleConfig {
+    /// Seed for the node tie-break order when `shuffle_ties` is on.
+    pub seed: u64,
+    /// Break ties between equally good nodes in a seeded random order instead of by name.
+    pub shuffle_ties: bool,
+    /// Seconds a gang may stay below `minMember` before it is evicted whole.
+    pub gang_grace_seconds: u64,
+    /// Nodes examined per pod during a victim search (reclaim, preempt, consolidate).
+    pub max_victim_candidates: usize,
+    /// Jobs per action that may run a victim search (bounds the cycle's time).
+    pub max_victim_jobs: usize,
+    /// Feasible nodes scored per pod (tightest first); `usize::MAX` scores every feasible node.
+    pub nodes_to_score: usize,
+    /// Nodes visited per pod before giving up the search for more feasible nodes.
+    pub max_nodes_visited: usize,
+    /// Topology domains tried per gang.
+    pub max_domains_tried: usize,
+    /// Placement cost weights.
+    pub weights: ScoreWeights,
+    /// Share of pods the typical-shape mix covers (FGD uses 0.95).
+    pub mix_coverage: f64,
+    /// At most this many shapes in the mix (bounds scoring cost).
+    pub mix_max_shapes: usize,
+    /// Use this mix instead of the one derived from the snapshot (the simulator passes the
+    /// trace's mix).
+    pub shape_mix: Option<ShapeMix>,
+    /// Run reclaim, preempt and consolidate (the fill-only simulator turns them off).
+    pub victims_enabled: bool,
+}
+
+impl Default for CycleConfig {
+    fn default() -> Self {
+        CycleConfig {
+            seed: 0,
+            shuffle_ties: false,
+            gang_grace_seconds: 300,
+            max_victim_candidates: 64,
+            max_victim_jobs: 256,
+            nodes_to_score: 32,
+            max_nodes_visited: 4096,
+            max_domains_tried: 16,
+            weights: ScoreWeights::default(),
+            mix_coverage: 0.95,
+            mix_max_shapes: 48,
+            shape_mix: None,
+            victims_enabled: true,
+        }
+    }
+}
+
+/// Bind `pod` to `node` with this GPU assignment.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Binding {
+    /// Pod UID.
+    pub pod: String,
+    /// Node name.
+    pub node: String,
+    /// The `tessera.dev/assignment` value.
+    pub assignment: Assignment,
+    /// The node's capacity is only free once this cycle's evictions on it finished: the binder
+    /// waits for them (the pod is "pipelined").
+    pub after_evictions: bool,
+}
+
+/// Why a pod is evicted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EvictionReason {
+    /// Queue `by_queue`, below its fair share, reclaims capacity.
+    Reclaim {
+        /// The reclaiming queue.
+        by_queue: String,
+    },
+    /// A higher-priority pod of the same queue needs the capacity.
+    Preempt {
+        /// UID of the preemptor.
+        by_pod: String,
+    },
+    /// Moved to free whole GPUs or nodes for a waiting gang; a new copy fits on `moved_to`.
+    Consolidate {
+        /// Node where the recreated pod fits.
+        moved_to: String,
+    },
+    /// Its gang stayed below `minMember` past the grace period.
+    GangBelowMinMember,
+}
+
+/// Evict `pod`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Eviction {
+    /// Pod UID.
+    pub pod: String,
+    /// Why.
+    pub reason: EvictionReason,
+}
+
+/// A machine-readable reason a pod is pending.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Reason {
+    /// A field of the pod is malformed.
+    InvalidInput {
+        /// The field (annotation, label or resource name).
+        field: String,
+        /// What is wrong and the accepted form.
+        message: String,
+    },
+    /// The pod's queue does not exist.
+    UnknownQueue {
+        /// Queue name.
+        queue: String,
+    },
+    /// The pod's queue has children; only leaf queues take pods.
+    NotLeafQueue {
+        /// Queue name.
+        queue: String,
+    },
+    /// The group needs more GPUs than the cluster has.
+    GroupLargerThanCluster {
+        /// Group name.
+        group: String,
+        /// Milli-GPU the gang needs.
+        need_gpu_milli: u64,
+        /// Milli-GPU of healthy GPUs in the cluster.
+        cluster_gpu_milli: u64,
+    },
+    /// Fewer pods exist than the gang size.
+    WaitingForMembers {
+        /// Group name.
+        group: String,
+        /// Pods that exist.
+        present: u32,
+        /// Gang size.
+        min_member: u32,
+    },
+    /// The group already runs `maxMember` pods.
+    BeyondMaxMember {
+        /// Group name.
+        group: String,
+        /// The bound.
+        max_member: u32,
+    },
+    /// The queue (or an ancestor) would exceed its limit.
+    QueueOverLimit {
+        /// Queue at its limit.
+        queue: String,
+        /// Resource.
+        resource: Resource,
+        /// Limit in display units (GPUs, milli-cores, MiB).
+        limit: String,
+    },
+    /// Not all gang members fit together.
+    GangUnschedulable {
+        /// Group name.
+        group: String,
+        /// Members that fit before one did not.
+        fitted: u32,
+        /// Members needed together.
+        needed: u32,
+    },
+    /// No domain of the required level can hold the gang.
+    NoTopologyDomain {
+        /// Group name.
+        group: String,
+        /// Level label key.
+        level: String,
+    },
+    /// The topology level is not one of the cluster's levels.
+    UnknownTopologyLevel {
+        /// Group name.
+        group: String,
+        /// The level given.
+        level: String,
+    },
+    /// A node-level failure; counted across nodes.
+    Node(NodeReason),
+    /// Fits on some nodes, but the capacity went to pods ahead of it in this cycle or the
+    /// bounded search stopped first.
+    NotReached,
+}
+
+/// Why a node cannot host a pod.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum NodeReason {
+    /// Cordoned.
+    Unschedulable,
+    /// Labels do not match the node selector.
+    NodeSelector,
+    /// No GPU on the node.
+    NoGpus,
+    /// GPU model not accepted.
+    GpuModel,
+    /// Not enough CPU.
+    InsufficientCpu,
+    /// Not enough memory.
+    InsufficientMemory,
+    /// Too few healthy GPUs.
+    TooFewHealthyGpus,
+    /// Too few completely free GPUs.
+    InsufficientWholeGpus,
+    /// No (or too few) GPUs with enough free compute share.
+    InsufficientGpuShare,
+    /// GPUs with enough share lack memory.
+    InsufficientGpuMemory,
+    /// The node would fit the pod alone.
+    Fits,
+}
+
+impl fmt::Display for NodeReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NodeReason::Unschedulable => "node unschedulable",
+            NodeReason::NodeSelector => "node selector mismatch",
+            NodeReason::NoGpus => "no GPU",
+            NodeReason::GpuModel => "GPU model not accepted",
+            NodeReason::InsufficientCpu => "insufficient CPU",
+            NodeReason::InsufficientMemory => "insufficient memory",
+            NodeReason::TooFewHealthyGpus => "too few healthy GPUs",
+            NodeReason::InsufficientWholeGpus => "too few free whole GPUs",
+            NodeReason::InsufficientGpuShare => "insufficient free GPU share on any single GPU",
+            NodeReason::InsufficientGpuMemory => "insufficient GPU memory on any single GPU",
+            NodeReason::Fits => "would fit the pod alone",
+        })
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reason::InvalidInput { field, message } => write!(f, "invalid {field}: {message}"),
+            Reason::UnknownQueue { queue } => {
+                write!(f, "queue {queue} does not exist (label tessera.dev/queue)")
+            }
+            Reason::NotLeafQueue { queue } => write!(
+                f,
+                "queue {queue} has child queues; label tessera.dev/queue must name a leaf queue"
+            ),
+            Reason::GroupLargerThanCluster {
+                group,
+                need_gpu_milli,
+                cluster_gpu_milli,
+            } => write!(
+                f,
+                "pod group {group} needs {} GPUs for minMember but the cluster has {} healthy GPUs",
+                fmt_gpus(*need_gpu_milli),
+                fmt_gpus(*cluster_gpu_milli)
+            ),
+            Reason::WaitingForMembers {
+                group,
+                present,
+                min_member,
+            } => write!(
+                f,
+                "pod group {group}: {present} of minMember {min_member} pods exist; waiting for the rest"
+            ),
+            Reason::BeyondMaxMember { group, max_member } => {
+                write!(
+                    f,
+                    "pod group {group} already runs maxMember={max_member} pods"
+                )
+            }
+            Reason::QueueOverLimit {
+                queue,
+                resource,
+                limit,
+            } => {
+                write!(f, "queue {queue} over limit {}={limit}", resource.name())
+            }
+            Reason::GangUnschedulable {
+                group,
+                fitted,
+                needed,
+            } => {
+                if *fitted == 0 {
+                    write!(f, "gang {group}: its {needed} pods do not fit together")
+                } else {
+                    write!(
+                        f,
+                        "gang {group}: only {fitted} of {needed} pods fit together"
+                    )
+                }
+            }
+            Reason::NoTopologyDomain { group, level } => {
+                write!(f, "gang {group}: no {level} domain can hold all its pods")
+            }
+            Reason::UnknownTopologyLevel { group, level } => write!(
+                f,
+                "invalid tessera.dev/topology level {level} of group {group}: not a level of the Topology"
+            ),
+            Reason::Node(n) => write!(f, "{n}"),
+            Reason::NotReached => f.write_str("capacity taken by pods ahead of it this cycle"),
+        }
+    }
+}
+
+fn fmt_gpus(milli: u64) -> String {
+    if milli.is_multiple_of(1000) {
+        format!("{}", milli / 1000)
+    } else {
+        format!("{:.3}", milli as f64 / 1000.0)
+    }
+}
+
+/// Why a pod stays pending.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingExplanation {
+    /// Pod UID.
+    pub pod: String,
+    /// Human message, e.g. `0/1213 nodes: 812 insufficient GPU memory on any single GPU, 401
+    /// insufficient CPU`.
+    pub message: String,
+    /// Machine-readable reasons with counts (nodes for node reasons, 1 otherwise).
+    pub reasons: Vec<(Reason, u32)>,
+}
+
+/// Fair-share status of one queue (accounting units: milli-GPU, milli-cores, MiB).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QueueShareStatus {
+    /// Queue name.
+    pub queue: String,
+    /// Granted deserved quota.
+    pub deserved: [f64; 3],
+    /// Fair share.
+    pub fair_share: [f64; 3],
+    /// Allocated after this cycle's decisions.
+    pub allocated: [f64; 3],
+    /// Demand (allocated + pending, capped by limit) the fair share was computed from.
+    pub requested: [f64; 3],
+}
+
+/// Everything a cycle decided.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Decisions {
+    /// New bindings, in decision order (gang members together).
+    pub bindings: Vec<Binding>,
+    /// Evictions.
+    pub evictions: Vec<Eviction>,
+    /// Explanations for every pod left pending, in snapshot order.
+    pub pending: Vec<PendingExplanation>,
+    /// Per queue, sorted by name.
+    pub fair_shares: Vec<QueueShareStatus>,
+    /// Groups (`namespace/name`) that, after these decisions, run some but fewer than
+    /// `minMember` pods: the cluster cache stamps `below_min_member_since` for them (and clears
+    /// it for groups not listed), which the stale-gang action reads after the grace period.
+    pub gangs_below_min: Vec<String>,
+}
+
+/// Runs one scheduling cycle.
+pub fn schedule(snapshot: &Snapshot, config: &CycleConfig) -> Decisions {
+    let mut engine = Engine::new(snapshot, config);
+    engine.run();
+    engine.decisions()
+}

@@ -1,1 +1,372 @@
 //! Queue tree, water-filling fair share and DRF ordering.
+//!
+//! Per resource and level by level: each child first gets its deserved quota (capped by what it
+//! asks for and its limit; scaled down proportionally when the parent cannot cover all quotas),
+//! then what is left is water-filled by over-quota weight among the children that still want
+//! more. Higher-priority siblings are served first in both rounds. A child's fair share is then
+//! split among its own children the same way.
+
+use std::collections::BTreeMap;
+
+use crate::model::{Queue, QueueResource, Resource};
+
+/// Below this an amount is treated as zero (accounting is in milli-units, so this is far below
+/// any real request).
+const EPS: f64 = 1e-9;
+
+/// One queue of the tree.
+#[derive(Clone, Debug)]
+pub struct QueueNode {
+    /// Name.
+    pub name: String,
+    /// Parent index.
+    pub parent: Option<usize>,
+    /// Children indices, sorted by name.
+    pub children: Vec<usize>,
+    /// Sibling priority.
+    pub priority: i32,
+    /// Settings per resource in accounting units (GPU in milli-GPU).
+    pub settings: [QueueResource; 3],
+}
+
+impl QueueNode {
+    /// Whether the queue takes pods (has no children).
+    pub fn is_leaf(&self) -> bool {
+        self.children.is_empty()
+    }
+
+    /// The hard cap of resource `r`, if any.
+    pub fn limit(&self, r: Resource) -> Option<f64> {
+        let l = self.settings[r.index()].limit;
+        (l >= 0.0).then_some(l)
+    }
+}
+
+/// The queue hierarchy, indexed; queue `i` is `snapshot.queues[i]`.
+#[derive(Clone, Debug, Default)]
+pub struct QueueTree {
+    /// Queues in snapshot order.
+    pub nodes: Vec<QueueNode>,
+    /// Top-level queues, sorted by name.
+    pub roots: Vec<usize>,
+    by_name: BTreeMap<String, usize>,
+    /// Problems found while building (duplicate names, unknown parents, cycles); such queues
+    /// are treated as top-level.
+    pub problems: Vec<String>,
+}
+
+impl QueueTree {
+    /// Builds the tree. Never fails: malformed parents become top-level queues and are listed
+    /// in [`QueueTree::problems`].
+    pub fn build(queues: &[Queue]) -> QueueTree {
+        let mut by_name = BTreeMap::new();
+        let mut problems = Vec::new();
+        for (i, q) in queues.iter().enumerate() {
+            if by_name.insert(q.name.clone(), i).is_some() {
+                problems.push(format!(
+                    "queue {}: duplicate name, the last definition wins",
+                    q.name
+                ));
+            }
+        }
+        let mut nodes: Vec<QueueNode> = queues
+            .iter()
+            .map(|q| QueueNode {
+                name: q.name.clone(),
+                parent: None,
+                children: Vec::new(),
+                priority: q.priority,
+                settings: Resource::ALL.map(|r| q.settings(r)),
+            })
+            .collect();
+        for (i, q) in queues.iter().enumerate() {
+            if let Some(p) = &q.parent {
+                match by_name.get(p) {
+                    Some(&pi) if pi != i => nodes[i].parent = Some(pi),
+                    _ => problems.push(format!(
+                        "queue {}: parent {p} does not exist; treated as a top-level queue",
+                        q.name
+                    )),
+                }
+            }
+        }
+        // Break cycles: walk up at most n steps; a walk that does not end is a cycle.
+        for i in 0..nodes.len() {
+            let mut cur = nodes[i].parent;
+            let mut steps = 0;
+            while let Some(c) = cur {
+                steps += 1;
+                if steps > nodes.len() {
+                    problems.push(format!(
+                        "queue {}: parent chain forms a cycle; treated as a top-level queue",
+                        nodes[i].name
+                    ));
+                    nodes[i].parent = None;
+                    break;
+                }
+                cur = nodes[c].parent;
+            }
+        }
+        let mut roots = Vec::new();
+        for i in 0..nodes.len() {
+            if by_name.get(&nodes[i].name) != Some(&i) {
+                continue; // shadowed duplicate
+            }
+            match nodes[i].parent {
+                Some(p) => nodes[p].children.push(i),
+                None => roots.push(i),
+            }
+        }
+        let name_of = |i: &usize| queues[*i].name.clone();
+        roots.sort_by_key(name_of);
+        for n in &mut nodes {
+            n.children.sort_by_key(name_of);
+        }
+        QueueTree {
+            nodes,
+            roots,
+            by_name,
+            problems,
+        }
+    }
+
+    /// Index of the queue called `name`.
+    pub fn index(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
+    }
+
+    /// The queue and its ancestors, innermost first.
+    pub fn path(&self, i: usize) -> impl Iterator<Item = usize> + '_ {
+        std::iter::successors(Some(i), move |&c| self.nodes[c].parent)
+    }
+
+    /// Number of queues.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether there are no queues.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+}
+
+/// Deserved and fair amounts of one queue, per resource in accounting units.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Share {
+    /// Granted deserved quota (quota capped by demand and limit).
+    pub deserved: [f64; 3],
+    /// Fair share: deserved plus the water-filled over-quota part.
+    pub fair: [f64; 3],
+    /// Demand the computation used (allocated + pending, capped by limit).
+    pub demand: [f64; 3],
+}
+
+/// Computes every queue's fair share of `capacity`, given each leaf's demand (allocated plus
+/// pending requests; entries of non-leaf queues are ignored and recomputed from children).
+pub fn fair_shares(tree: &QueueTree, capacity: [f64; 3], leaf_demand: &[[f64; 3]]) -> Vec<Share> {
+    let n = tree.nodes.len();
+    let mut shares = vec![Share::default(); n];
+    // Demand bottom-up, capped by each queue's limit.
+    let mut visited = vec![false; n];
+    for &r in &tree.roots {
+        subtree_demand(tree, r, leaf_demand, &mut shares, &mut visited);
+    }
+    for r in Resource::ALL {
+        let k = r.index();
+        distribute(tree, &tree.roots, capacity[k], k, &mut shares);
+    }
+    shares
+}
+
+fn subtree_demand(
+    tree: &QueueTree,
+    i: usize,
+    leaf_demand: &[[f64; 3]],
+    shares: &mut [Share],
+    visited: &mut [bool],
+) -> [f64; 3] {
+    if visited[i] {
+        return shares[i].demand;
+    }
+    visited[i] = true;
+    let node = &tree.nodes[i];
+    let mut d = if node.is_leaf() {
+        leaf_demand.get(i).copied().unwrap_or([0.0; 3])
+    } else {
+        [0.0; 3]
+    };
+    for &c in &node.children {
+        let cd = subtree_demand(tree, c, leaf_demand, shares, visited);
+        for k in 0..3 {
+            d[k] += cd[k];
+        }
+    }
+    for r in Resource::ALL {
+        if let Some(l) = node.limit(r) {
+            d[r.index()] = d[r.index()].min(l);
+        }
+    }
+    shares[i].demand = d;
+    d
+}
+
+/// Splits `amount` of resource `k` among `children`, then recurses.
+fn distribute(tree: &QueueTree, children: &[usize], amount: f64, k: usize, shares: &mut [Share]) {
+    if children.is_empty() {
+        return;
+    }
+    let mut given: BTreeMap<usize, f64> = children.iter().map(|&c| (c, 0.0)).collect();
+    let cap = |c: usize, shares: &[Share]| shares[c].demand[k];
+    // Priority tiers, highest first; inside a tier children keep name order.
+    let mut tiers: Vec<i32> = children.iter().map(|&c| tree.nodes[c].priority).collect();
+    tiers.sort_unstable_by(|a, b| b.cmp(a));
+    tiers.dedup();
+    let mut left = amount.max(0.0);
+    // Round 1: deserved quota.
+    for &t in &tiers {
+        let tier: Vec<usize> = children
+            .iter()
+            .copied()
+            .filter(|&c| tree.nodes[c].priority == t)
+            .collect();
+        let want: Vec<f64> = tier
+            .iter()
+            .map(|&c| tree.nodes[c].settings[k].quota.max(0.0).min(cap(c, shares)))
+            .collect();
+        let total: f64 = want.iter().sum();
+        let scale = if total > left && total > 0.0 {
+            left / total
+        } else {
+            1.0
+        };
+        for (c, w) in tier.iter().zip(&want) {
+            let g = w * scale;
+            *given.entry(*c).or_default() += g;
+            shares[*c].deserved[k] = g;
+        }
+        left = (left - total * scale).max(0.0);
+    }
+    // Round 2: water-fill the rest by over-quota weight.
+    for &t in &tiers {
+        if left <= EPS {
+            break;
+        }
+        let mut open: Vec<usize> = children
+            .iter()
+            .copied()
+            .filter(|&c| {
+                tree.nodes[c].priority == t
+                    && tree.nodes[c].settings[k].over_quota_weight > 0.0
+                    && given[&c] + EPS < cap(c, shares)
+            })
+            .collect();
+        while left > EPS && !open.is_empty() {
+            let wsum: f64 = open
+                .iter()
+                .map(|&c| tree.nodes[c].settings[k].over_quota_weight)
+                .sum();
+            // Anyone whose proportional slice would overshoot their cap is filled and leaves.
+            let mut saturated = Vec::new();
+            for &c in &open {
+                let slice = left * tree.nodes[c].settings[k].over_quota_weight / wsum;
+                if given[&c] + slice >= cap(c, shares) - EPS {
+                    saturated.push(c);
+                }
+            }
+            if saturated.is_empty() {
+                for &c in &open {
+                    let slice = left * tree.nodes[c].settings[k].over_quota_weight / wsum;
+                    *given.entry(c).or_default() += slice;
+                }
+                left = 0.0;
+            } else {
+                for c in &saturated {
+                    let g = given.entry(*c).or_default();
+                    let inc = (cap(*c, shares) - *g).max(0.0);
+                    *g += inc;
+                    left = (left - inc).max(0.0);
+                }
+                open.retain(|c| !saturated.contains(c));
+            }
+        }
+    }
+    for (&c, &g) in &given {
+        shares[c].fair[k] = g;
+        let kids = tree.nodes[c].children.clone();
+        distribute(tree, &kids, g, k, shares);
+    }
+}
+
+/// Dominant share of an allocation relative to a fair share: `max_r alloc_r / fair_r`.
+/// A resource in use with a zero fair share counts as infinitely over.
+pub fn dominant_share(alloc: [f64; 3], fair: [f64; 3]) -> f64 {
+    let mut s: f64 = 0.0;
+    for k in 0..3 {
+        if alloc[k] <= EPS {
+            continue;
+        }
+        if fair[k] <= EPS {
+            return f64::INFINITY;
+        }
+        s = s.max(alloc[k] / fair[k]);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(name: &str, quota: f64, w: f64, limit: f64) -> Queue {
+        Queue::new(name).gpu(quota, w, limit)
+    }
+
+    #[test]
+    fn deserved_then_weighted_remainder() {
+        let tree = QueueTree::build(&[q("a", 10.0, 1.0, -1.0), q("b", 10.0, 3.0, -1.0)]);
+        let cap = [100_000.0, 0.0, 0.0];
+        let s = fair_shares(&tree, cap, &[[1e9, 0.0, 0.0], [1e9, 0.0, 0.0]]);
+        assert!((s[0].fair[0] - 30_000.0).abs() < 1e-6);
+        assert!((s[1].fair[0] - 70_000.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn satisfied_queue_returns_the_rest() {
+        let tree = QueueTree::build(&[q("a", 10.0, 1.0, -1.0), q("b", 10.0, 1.0, 20.0)]);
+        let s = fair_shares(
+            &tree,
+            [100_000.0, 0.0, 0.0],
+            &[[5_000.0, 0.0, 0.0], [1e9, 0.0, 0.0]],
+        );
+        assert!((s[0].fair[0] - 5_000.0).abs() < 1e-6);
+        assert!((s[1].fair[0] - 20_000.0).abs() < 1e-6, "limit caps b");
+    }
+
+    #[test]
+    fn hierarchy_recurses() {
+        let tree = QueueTree::build(&[
+            q("org", 60.0, 1.0, -1.0),
+            q("x", 0.0, 1.0, -1.0).parent("org"),
+            q("y", 0.0, 1.0, -1.0).parent("org"),
+            q("other", 40.0, 1.0, -1.0),
+        ]);
+        let d = [[0.0; 3], [1e9, 0.0, 0.0], [1e9, 0.0, 0.0], [1e9, 0.0, 0.0]];
+        let s = fair_shares(&tree, [100_000.0, 0.0, 0.0], &d);
+        assert!((s[0].fair[0] - 60_000.0).abs() < 1e-6);
+        assert!((s[1].fair[0] - 30_000.0).abs() < 1e-6);
+        assert!((s[3].fair[0] - 40_000.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn unknown_parent_and_cycle_are_top_level() {
+        let tree = QueueTree::build(&[
+            q("a", 0.0, 1.0, -1.0).parent("b"),
+            q("b", 0.0, 1.0, -1.0).parent("a"),
+            q("c", 0.0, 1.0, -1.0).parent("nope"),
+        ]);
+        assert!(!tree.problems.is_empty());
+        assert!(tree.roots.contains(&2));
+        assert!(!tree.roots.is_empty());
+    }
+}

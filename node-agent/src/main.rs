@@ -1,28 +1,213 @@
-//! `tessera-agent`: the per-node DaemonSet.
+//! `tessera-agent`: the per-node DaemonSet, and the operator CLI that talks to it.
 
-use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand};
+use tessera_agent::admin::{self, Response};
+use tessera_agent::agent::{Agent, AgentConfig};
+use tessera_agent::assignments::{AssignmentSource, NoAssignments};
+use tessera_agent::gpu::Backend;
+use tessera_agent::kube_assignments::KubeAssignments;
+use tessera_agent::node::NodeOptions;
+use tessera_proto::deviceplugin::DEFAULT_DEVICE_PLUGIN_DIR;
+use tessera_proto::podresources::{DEFAULT_POD_RESOURCES_DIR, POD_RESOURCES_SOCKET};
+
+const DEFAULT_ADMIN_SOCKET: &str = "/var/run/tessera/agent.sock";
 
 /// Tessera node agent: the kubelet device plugin for `nvidia.com/gpu`.
 #[derive(Parser, Debug)]
 #[command(name = "tessera-agent", version, about)]
 struct Cli {
     #[command(subcommand)]
-    command: Option<Command>,
+    command: Command,
 }
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Run the agent (device plugin, enforcement, reporting).
-    Run,
-    /// Show per-GPU occupancy on this node.
-    Status,
+    /// Run the agent (device plugin, ledger, reporting).
+    Run(RunArgs),
+    /// Show per-GPU occupancy on this node (asks the running agent).
+    Status {
+        /// The agent's admin socket.
+        #[arg(long, default_value = DEFAULT_ADMIN_SOCKET)]
+        admin_socket: PathBuf,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the GPU link matrix (asks the running agent).
+    Topology {
+        /// The agent's admin socket.
+        #[arg(long, default_value = DEFAULT_ADMIN_SOCKET)]
+        admin_socket: PathBuf,
+        /// Print JSON instead of the matrix.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Simulated backend only: report an XID error on a GPU, as the driver would.
+    InjectXid {
+        /// The agent's admin socket.
+        #[arg(long, default_value = DEFAULT_ADMIN_SOCKET)]
+        admin_socket: PathBuf,
+        /// GPU index.
+        #[arg(long)]
+        gpu: u32,
+        /// XID code (e.g. 79, "GPU has fallen off the bus").
+        #[arg(long)]
+        xid: u64,
+    },
 }
 
-fn main() -> anyhow::Result<()> {
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// This node's name (the downward API's spec.nodeName).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// `nvml`, or `sim:<file.yaml>` for a simulated machine (see hack/gpus/).
+    #[arg(long, default_value = "nvml")]
+    gpu_backend: String,
+    /// The kubelet's device-plugin directory.
+    #[arg(long, default_value = DEFAULT_DEVICE_PLUGIN_DIR)]
+    device_plugin_dir: PathBuf,
+    /// The kubelet's pod-resources socket (default: <pod-resources dir>/kubelet.sock).
+    #[arg(long)]
+    pod_resources_socket: Option<PathBuf>,
+    /// Where the ledger checkpoint is kept.
+    #[arg(long, default_value = "/var/lib/tessera")]
+    state_dir: PathBuf,
+    /// The admin socket for `status` and `topology` (mode 0600).
+    #[arg(long, default_value = DEFAULT_ADMIN_SOCKET)]
+    admin_socket: PathBuf,
+    /// Slots advertised per healthy GPU.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=100))]
+    shares_per_gpu: u32,
+    /// Answer Allocate with CDI device names (`nvidia.com/gpu=<uuid>`) instead of
+    /// NVIDIA_VISIBLE_DEVICES.
+    #[arg(long)]
+    cdi: bool,
+    /// Run without a cluster: no assignments, every request gets whole free GPUs.
+    #[arg(long)]
+    no_kube: bool,
+    /// Coordinator address (`host:port`), or `none`.
+    #[arg(long, default_value = "none")]
+    coordinator: String,
+    /// Address for `/metrics` and `/healthz`, or `none`.
+    #[arg(long, default_value = "0.0.0.0:9090")]
+    metrics_addr: String,
+    /// Seconds between reconciles with the kubelet's pod-resources API.
+    #[arg(long, default_value_t = 30)]
+    reconcile_interval_secs: u64,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        None | Some(Command::Run) | Some(Command::Status) => {
-            anyhow::bail!("not implemented yet: the node agent lands with its own issue")
+        Command::Run(args) => run(args).await,
+        Command::Status { admin_socket, json } => {
+            let Response::Status(report) = admin::request(&admin_socket, "status").await? else {
+                bail!("the agent answered something other than a status report");
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", admin::render_status(&report));
+            }
+            Ok(())
+        }
+        Command::Topology { admin_socket, json } => {
+            let Response::Topology(report) = admin::request(&admin_socket, "topology").await?
+            else {
+                bail!("the agent answered something other than a topology report");
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", report.text);
+            }
+            Ok(())
+        }
+        Command::InjectXid {
+            admin_socket,
+            gpu,
+            xid,
+        } => {
+            admin::request(&admin_socket, &format!("inject-xid {gpu} {xid}")).await?;
+            Ok(())
         }
     }
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let coordinator = match args.coordinator.as_str() {
+        "none" => None,
+        addr if addr.starts_with("http://") || addr.starts_with("https://") => {
+            Some(addr.to_owned())
+        }
+        addr if addr.contains(':') => Some(format!("http://{addr}")),
+        addr => bail!(
+            "--coordinator {addr:?}: expected host:port (e.g. tessera-coordinator:7070), an http:// URL, or none"
+        ),
+    };
+    let metrics_addr = match args.metrics_addr.as_str() {
+        "none" => None,
+        addr => Some(addr.parse().with_context(|| {
+            format!("--metrics-addr {addr:?}: expected host:port such as 0.0.0.0:9090, or none")
+        })?),
+    };
+    let backend = Backend::open(&args.gpu_backend)?;
+    let source: Arc<dyn AssignmentSource> = if args.no_kube {
+        Arc::new(NoAssignments)
+    } else {
+        let client = kube::Client::try_default().await.context(
+            "connecting to the Kubernetes API (in-cluster config or KUBECONFIG); \
+             use --no-kube to run without a cluster",
+        )?;
+        let pods = KubeAssignments::start(client, &args.node_name);
+        if !pods.wait_synced(Duration::from_secs(30)).await {
+            tracing::warn!(
+                "the pod list has not arrived after 30s; continuing, Allocate will wait for assignments"
+            );
+        }
+        Arc::new(pods)
+    };
+    let config = AgentConfig {
+        node_name: args.node_name,
+        backend,
+        device_plugin_dir: args.device_plugin_dir,
+        pod_resources_socket: args
+            .pod_resources_socket
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_POD_RESOURCES_DIR).join(POD_RESOURCES_SOCKET)),
+        state_dir: args.state_dir,
+        admin_socket: Some(args.admin_socket),
+        options: NodeOptions {
+            shares_per_gpu: args.shares_per_gpu,
+            cdi: args.cdi,
+        },
+        source,
+        reconcile_every: Duration::from_secs(args.reconcile_interval_secs.max(1)),
+        reconcile_grace: Duration::from_secs(30),
+        metrics_addr,
+        coordinator,
+    };
+    let agent = Agent::start(config).await.context("starting the agent")?;
+    let stopper = agent.stopper();
+    let signal =
+        tessera_device_plugin::termination_signal().context("installing signal handlers")?;
+    tokio::spawn(async move {
+        signal.await;
+        let _ = stopper.send(true);
+    });
+    agent.wait().await.context("agent stopped")?;
+    Ok(())
 }

@@ -1,1 +1,22 @@
-//! (filled in by the scheduling-core / simulator work)
+//! Snapshot types: nodes, GPUs, pods, groups, queues and resource vectors. No I/O.
+//!
+//! A [`Snapshot`] is everything one scheduling cycle reads. The cluster layer (or the simulator)
+//! builds it; the core never mutates it.
+
+mod group;
+mod node;
+mod pod;
+mod queue;
+mod resources;
+mod snapshot;
+pub mod synthetic;
+
+pub use group::PodGroup;
+pub use node::{Gpu, MigInstance, Node};
+pub use pod::{
+    Assignment, ContainerAssignment, GpuRequest, GpuShare, GpuSlice, InputError, Isolation,
+    Placement, Pod,
+};
+pub use queue::{Queue, QueueResource};
+pub use resources::{Resource, Resources};
+pub use snapshot::{Snapshot, TopologyLevels};

@@ -1,1 +1,25 @@
-//! (filled in by the scheduling-core / simulator work)
+//! The offline simulator: openb and YAML inputs, the fill and replay drivers, the published
+//! baseline policies, metrics, reports and plots. It drives the pure placement code (and, for
+//! replay, the whole scheduling cycle) and never touches a cluster.
+//!
+//! - fill (the FGD paper's arrival-only experiment): [`openb`] reads the trace, [`trace`] builds
+//!   the typical-shape mix and the arrival order, [`cluster`] holds the static inputs, [`fill`]
+//!   places pods with a [`policy`], [`metrics`] averages the curves, [`experiment`] ties them
+//!   together, [`report`] and [`plot`] print them.
+//! - replay (time-based, through `cycle::schedule`): [`gpushape`] reads `hack/gpus` shapes,
+//!   [`workload`] reads Tessera workload YAML, [`replay`] advances time, [`sample`] reports.
+
+pub mod cluster;
+pub mod experiment;
+pub mod fill;
+pub mod fxhash;
+pub mod gpushape;
+pub mod metrics;
+pub mod openb;
+pub mod plot;
+pub mod policy;
+pub mod replay;
+pub mod report;
+pub mod sample;
+pub mod trace;
+pub mod workload;

@@ -1,0 +1,398 @@
+//! Allocate: jobs in fair-share order onto free capacity; gangs atomically, elastic pods one by
+//! one; topology-constrained gangs inside one domain.
+
+use crate::cycle::Reason;
+use crate::placement::{GpuChoice, NodeScore, place_on_node};
+
+use super::engine::{Engine, QueueKey};
+use super::statement::Placed;
+
+/// Where victims may come from while placing a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Free capacity only.
+    Allocate,
+    /// Other queues above their fair share (the reclaiming leaf queue).
+    Reclaim(usize),
+    /// Lower-priority pods of the same queue (queue, preemptor priority, preemptor pod).
+    Preempt(usize, i32, u32),
+    /// Movable pods that can be re-placed elsewhere.
+    Consolidate,
+}
+
+impl Engine<'_> {
+    /// The allocate action.
+    pub(crate) fn allocate(&mut self) {
+        let nq = self.ctx.tree.len();
+        let mut cursor = vec![0usize; nq];
+        loop {
+            let mut best: Option<(usize, QueueKey)> = None;
+            for (q, &c) in cursor.iter().enumerate() {
+                if c >= self.queue_jobs[q].len() {
+                    continue;
+                }
+                let k = self.queue_key(q);
+                let better = match &best {
+                    None => true,
+                    Some((_, bk)) => k.cmp(bk).is_lt(),
+                };
+                if better {
+                    best = Some((q, k));
+                }
+            }
+            let Some((q, _)) = best else { break };
+            let j = self.queue_jobs[q][cursor[q]];
+            cursor[q] += 1;
+            self.try_job(j as usize, Mode::Allocate);
+        }
+    }
+
+    /// Pending (not yet placed) pods of a job.
+    pub(crate) fn job_pending(&self, j: usize) -> Vec<u32> {
+        self.jobs[j]
+            .pods
+            .iter()
+            .copied()
+            .filter(|&p| self.st.placed[p as usize].is_none())
+            .collect()
+    }
+
+    /// How many of the job's pending pods must go together (the missing gang members).
+    pub(crate) fn gang_need(&self, j: usize) -> usize {
+        match self.jobs[j].group {
+            None => 1,
+            Some(g) => {
+                let g = g as usize;
+                self.ctx.groups[g]
+                    .min_member
+                    .saturating_sub(self.st.group_placed[g]) as usize
+            }
+        }
+    }
+
+    /// Sum of the estimated requests of `pods`.
+    pub(crate) fn request_of(&self, pods: &[u32]) -> [u64; 3] {
+        let mut r = [0u64; 3];
+        for &p in pods {
+            let q = self.ctx.pods[p as usize].request;
+            r[0] += q.gpu_milli;
+            r[1] += q.cpu_milli;
+            r[2] += q.memory_mib;
+        }
+        r
+    }
+
+    /// Tries to place job `j` in `mode`; returns whether its gang part went through.
+    pub(crate) fn try_job(&mut self, j: usize, mode: Mode) -> bool {
+        let pending = self.job_pending(j);
+        if pending.is_empty() {
+            return true;
+        }
+        let need = self.gang_need(j).min(pending.len());
+        let q = self.jobs[j].queue;
+        let mut gang_ok = true;
+        if need > 0 {
+            let gang: Vec<u32> = pending[..need].to_vec();
+            if let Some(r) = self.over_limit(q, self.request_of(&gang)) {
+                self.note_all(&gang, r);
+                return false;
+            }
+            let cp = self.st.checkpoint();
+            gang_ok = self.place_gang(j, &gang, mode);
+            if gang_ok && let Some(r) = self.exceeds_limit(q) {
+                self.st.rollback(&self.ctx, cp);
+                self.note_all(&gang, r);
+                return false;
+            }
+        }
+        if !gang_ok || mode != Mode::Allocate {
+            return gang_ok;
+        }
+        // Elastic members: one by one, from free capacity only.
+        for &p in &pending[need..] {
+            if let Some(r) = self.over_limit(q, self.request_of(&[p])) {
+                self.note(p, r);
+                continue;
+            }
+            let restrict = self.group_domain(j);
+            let cp = self.st.checkpoint();
+            if !self.place_one(p, restrict.as_deref(), None, mode) {
+                self.note(p, Reason::NotReached);
+            } else if let Some(r) = self.exceeds_limit(q) {
+                self.st.rollback(&self.ctx, cp);
+                self.note(p, r);
+            }
+        }
+        true
+    }
+
+    pub(crate) fn note(&mut self, p: u32, r: Reason) {
+        self.notes[p as usize] = Some(r);
+    }
+
+    fn note_all(&mut self, pods: &[u32], r: Reason) {
+        for &p in pods {
+            self.note(p, r.clone());
+        }
+    }
+
+    /// For a group with a required level that already has placed pods: the nodes of their domain.
+    fn group_domain(&self, j: usize) -> Option<Vec<u32>> {
+        let g = self.jobs[j].group? as usize;
+        let level = self.ctx.groups[g].required_level?;
+        let ld = &self.ctx.domains.levels[level];
+        let placed = self.ctx.groups[g]
+            .members
+            .iter()
+            .find_map(|&m| self.st.placed[m as usize].as_ref())?;
+        let d = ld.of_node[placed.node as usize]?;
+        Some(ld.members[d as usize].clone())
+    }
+
+    /// Places the gang part atomically.
+    fn place_gang(&mut self, j: usize, gang: &[u32], mode: Mode) -> bool {
+        let group = self.jobs[j].group.map(|g| g as usize);
+        let uniform = gang
+            .iter()
+            .all(|&p| self.ctx.pods[p as usize].demand == self.ctx.pods[gang[0] as usize].demand)
+            && gang
+                .iter()
+                .all(|&p| self.ctx.snap.pods[p as usize].node_selector.is_empty());
+        let topo = group.map(|g| {
+            (
+                self.ctx.groups[g].required_level,
+                self.ctx.groups[g].preferred_level,
+            )
+        });
+        let constrained = matches!(topo, Some((Some(_), _)) | Some((_, Some(_))));
+        let first_demand = self.ctx.pods[gang[0] as usize].demand;
+        if self.cache_on && uniform && !constrained && gang.len() > 1 {
+            if let Some(&n) = self.failed_gangs.get(&first_demand)
+                && gang.len() >= n
+            {
+                self.note_gang(j, gang, 0);
+                return false;
+            }
+            if !self.capacity_could_fit(gang) {
+                self.note_gang(j, gang, 0);
+                return false;
+            }
+        }
+        // Candidate restrictions, in order of preference.
+        let mut attempts: Vec<Option<Vec<u32>>> = Vec::new();
+        let mut required_only = false;
+        if let Some(nodes) = self.group_domain(j) {
+            attempts.push(Some(nodes));
+            required_only = true;
+        } else if let Some((req, pref)) = topo {
+            if let Some(level) = req {
+                for d in self.domains_for(level, gang, mode) {
+                    attempts.push(Some(d));
+                }
+                required_only = true;
+            } else if let Some(level) = pref {
+                for l in (0..=level).rev() {
+                    for d in self.domains_for(l, gang, mode) {
+                        attempts.push(Some(d));
+                    }
+                }
+            }
+        }
+        if !required_only {
+            attempts.push(None);
+        }
+        let cp = self.st.checkpoint();
+        self.depth += 1;
+        let mut best_fitted = 0u32;
+        for restrict in &attempts {
+            let mut fitted = 0u32;
+            let mut ok = true;
+            for &p in gang {
+                if self.place_one(p, restrict.as_deref(), None, mode) {
+                    fitted += 1;
+                } else {
+                    ok = false;
+                    break;
+                }
+            }
+            if ok {
+                self.depth -= 1;
+                for &p in gang {
+                    self.notes[p as usize] = None;
+                }
+                return true;
+            }
+            best_fitted = best_fitted.max(fitted);
+            self.st.rollback(&self.ctx, cp);
+        }
+        self.depth -= 1;
+        if self.depth == 0 && self.cache_on && uniform && !constrained && gang.len() > 1 {
+            let e = self.failed_gangs.entry(first_demand).or_insert(usize::MAX);
+            *e = (*e).min(gang.len());
+        }
+        if required_only
+            && attempts.is_empty()
+            && let (Some(g), Some((Some(level), _))) = (group, topo)
+        {
+            let r = Reason::NoTopologyDomain {
+                group: self.ctx.groups[g].name.clone(),
+                level: self.ctx.domains.levels[level].key.clone(),
+            };
+            self.note_all(gang, r);
+            return false;
+        }
+        self.note_gang(j, gang, best_fitted);
+        false
+    }
+
+    fn note_gang(&mut self, j: usize, gang: &[u32], fitted: u32) {
+        match self.jobs[j].group {
+            Some(g) if gang.len() > 1 => {
+                let r = Reason::GangUnschedulable {
+                    group: self.ctx.groups[g as usize].name.clone(),
+                    fitted,
+                    needed: gang.len() as u32,
+                };
+                self.note_all(gang, r);
+            }
+            _ => {}
+        }
+    }
+
+    /// Cheap necessary condition: enough idle whole GPUs / free GPU share in the cluster.
+    fn capacity_could_fit(&self, gang: &[u32]) -> bool {
+        let d = self.ctx.pods[gang[0] as usize].demand;
+        if d.gpu_count == 0 {
+            return true;
+        }
+        let n = gang.len() as u64 * u64::from(d.gpu_count);
+        if d.whole() {
+            return self.st.index.idle_gpus() >= n;
+        }
+        let need: u64 = gang
+            .iter()
+            .map(|&p| self.ctx.pods[p as usize].request.gpu_milli)
+            .sum();
+        self.st.index.free_gpu_milli() >= need
+    }
+
+    /// Domains of `level` to try for a gang, tightest sufficient first (with victims: roomiest).
+    fn domains_for(&self, level: usize, gang: &[u32], mode: Mode) -> Vec<Vec<u32>> {
+        let ld = &self.ctx.domains.levels[level];
+        let need = self.request_of(gang);
+        let mut scored: Vec<(u64, usize)> = Vec::new();
+        for (d, members) in ld.members.iter().enumerate() {
+            let (mut gpu, mut cpu) = (0u64, 0u64);
+            for &n in members {
+                let node = &self.st.nodes[n as usize];
+                if !node.schedulable {
+                    continue;
+                }
+                cpu += node.cpu_free;
+                gpu += node
+                    .gpus
+                    .iter()
+                    .filter(|g| g.healthy)
+                    .map(|g| u64::from(g.compute_free))
+                    .sum::<u64>();
+            }
+            if mode == Mode::Allocate && (gpu < need[0] || cpu < need[1]) {
+                continue;
+            }
+            scored.push((gpu, d));
+        }
+        if mode == Mode::Allocate {
+            scored.sort();
+        } else {
+            scored.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        }
+        scored.truncate(self.ctx.cfg.max_domains_tried);
+        scored
+            .into_iter()
+            .map(|(_, d)| ld.members[d].clone())
+            .collect()
+    }
+
+    /// Places one pod: on free capacity, else (victim modes) by evicting.
+    pub(crate) fn place_one(
+        &mut self,
+        p: u32,
+        restrict: Option<&[u32]>,
+        exclude: Option<u32>,
+        mode: Mode,
+    ) -> bool {
+        if let Some((n, c)) = self.best_node(p, restrict, exclude) {
+            self.st.place(
+                &self.ctx,
+                p,
+                Placed {
+                    node: n,
+                    gpus: c.gpus,
+                },
+            );
+            return true;
+        }
+        match mode {
+            Mode::Allocate => false,
+            _ => self.place_with_victims(p, restrict, mode),
+        }
+    }
+
+    /// The best node for pod `p` on current free capacity.
+    pub(crate) fn best_node(
+        &mut self,
+        p: u32,
+        restrict: Option<&[u32]>,
+        exclude: Option<u32>,
+    ) -> Option<(u32, GpuChoice)> {
+        let info = &self.ctx.pods[p as usize];
+        let d = info.demand;
+        let cacheable = self.cache_on
+            && restrict.is_none()
+            && exclude.is_none()
+            && self.ctx.snap.pods[p as usize].node_selector.is_empty();
+        if cacheable && self.failed.contains_key(&d) {
+            return None;
+        }
+        let ctx = &self.ctx;
+        let st = &self.st;
+        let k_max = ctx.cfg.nodes_to_score.max(1);
+        let v_max = ctx.cfg.max_nodes_visited.max(1);
+        let mut best: Option<(NodeScore, u32, u32, GpuChoice)> = None;
+        let mut scored = 0usize;
+        let mut visited = 0usize;
+        let mut consider = |n: u32| -> bool {
+            visited += 1;
+            if Some(n) != exclude
+                && ctx.selector_ok(p, n)
+                && let Ok(c) = place_on_node(&st.nodes[n as usize], &d, &ctx.mix, &ctx.cfg.weights)
+            {
+                scored += 1;
+                let r = st.index.rank(n);
+                let better = match &best {
+                    None => true,
+                    Some((bs, br, _, _)) => c.score > *bs || (c.score == *bs && r < *br),
+                };
+                if better {
+                    best = Some((c.score, r, n, c));
+                }
+            }
+            scored < k_max && visited < v_max
+        };
+        match restrict {
+            Some(nodes) => {
+                for &n in nodes {
+                    if !consider(n) {
+                        break;
+                    }
+                }
+            }
+            None => st.index.candidates(&d, info.min_share, consider),
+        }
+        let found = best.map(|(_, _, n, c)| (n, c));
+        if found.is_none() && cacheable && self.depth == 0 {
+            self.failed.insert(d, ());
+        }
+        found
+    }
+}

@@ -1,0 +1,325 @@
+//! The read-only part of a cycle: indexed snapshot, validated pods and groups, fair shares.
+
+use std::collections::BTreeMap;
+
+use crate::cycle::{CycleConfig, Reason};
+use crate::fairshare::{QueueTree, Share};
+use crate::model::{GpuShare, Isolation, Pod, Resources, Snapshot};
+use crate::placement::frag::ShapeMix;
+use crate::placement::{Domains, GPU_MILLI_U64, ModelIds, PodDemand, demand_on_gpu, shape_mix_of};
+
+/// A pod as the actions see it.
+#[derive(Clone, Debug)]
+pub struct PodInfo {
+    /// Placement demand.
+    pub demand: PodDemand,
+    /// Leaf queue index (None when unknown / not a leaf; then `invalid` is set).
+    pub queue: Option<usize>,
+    /// Group index.
+    pub group: Option<u32>,
+    /// Estimated request for queue accounting while pending (memory requests converted with
+    /// the largest GPU's memory).
+    pub request: Resources,
+    /// Smallest free compute share (milli) a GPU must have for this pod.
+    pub min_share: u32,
+    /// Why the pod cannot be scheduled at all.
+    pub invalid: Option<Reason>,
+}
+
+/// A pod group (explicit or implied by pods' `tessera.dev/pod-group` + `min-member`).
+#[derive(Clone, Debug)]
+pub struct GroupInfo {
+    /// Namespace/name.
+    pub name: String,
+    /// Gang size (at least 1).
+    pub min_member: u32,
+    /// Elastic bound.
+    pub max_member: Option<u32>,
+    /// Required topology level index.
+    pub required_level: Option<usize>,
+    /// Preferred topology level index.
+    pub preferred_level: Option<usize>,
+    /// Priority.
+    pub priority: i32,
+    /// Since when below minMember.
+    pub below_min_since: Option<u64>,
+    /// Member pods, in snapshot order.
+    pub members: Vec<u32>,
+    /// Why the whole group cannot be scheduled.
+    pub invalid: Option<Reason>,
+}
+
+/// Immutable per-cycle context.
+pub struct Ctx<'a> {
+    /// The snapshot.
+    pub snap: &'a Snapshot,
+    /// The config.
+    pub cfg: &'a CycleConfig,
+    /// Queue tree.
+    pub tree: QueueTree,
+    /// GPU model ids.
+    pub models: ModelIds,
+    /// Recent mix of shapes.
+    pub mix: ShapeMix,
+    /// Topology domains.
+    pub domains: Domains,
+    /// Node index by name.
+    pub node_by_name: BTreeMap<&'a str, u32>,
+    /// Per pod.
+    pub pods: Vec<PodInfo>,
+    /// Per group.
+    pub groups: Vec<GroupInfo>,
+    /// Largest GPU memory in the cluster (MiB).
+    pub max_gpu_mib: u64,
+    /// Most GPUs on one node.
+    pub max_node_gpus: u32,
+    /// Cluster capacity (healthy GPUs, schedulable nodes) in accounting units.
+    pub capacity: Resources,
+}
+
+impl<'a> Ctx<'a> {
+    /// Indexes and validates the snapshot.
+    pub fn build(snap: &'a Snapshot, cfg: &'a CycleConfig) -> Ctx<'a> {
+        let tree = QueueTree::build(&snap.queues);
+        let models = ModelIds::of(snap);
+        let max_gpu_mib = snap
+            .nodes
+            .iter()
+            .flat_map(|n| n.gpus.iter().map(|g| g.memory_mib))
+            .max()
+            .unwrap_or(0);
+        let max_node_gpus = snap
+            .nodes
+            .iter()
+            .map(|n| n.gpus.iter().filter(|g| g.healthy).count() as u32)
+            .max()
+            .unwrap_or(0);
+        let mut capacity = Resources::default();
+        for n in snap.nodes.iter().filter(|n| n.schedulable) {
+            capacity.cpu_milli += n.cpu_milli;
+            capacity.memory_mib += n.memory_mib;
+            capacity.gpu_milli +=
+                n.gpus.iter().filter(|g| g.healthy).count() as u64 * GPU_MILLI_U64;
+        }
+        let typical = if max_gpu_mib == 0 { 1 } else { max_gpu_mib };
+        let mix = match &cfg.shape_mix {
+            Some(m) => m.clone(),
+            None => shape_mix_of(snap, &models, typical, cfg.mix_coverage, cfg.mix_max_shapes),
+        };
+        let levels = snap
+            .topology
+            .as_ref()
+            .map(|t| t.levels.clone())
+            .unwrap_or_default();
+        let domains = Domains::build(&levels, &snap.nodes);
+        let node_by_name = snap
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.name.as_str(), i as u32))
+            .collect();
+        let mut ctx = Ctx {
+            snap,
+            cfg,
+            tree,
+            models,
+            mix,
+            domains,
+            node_by_name,
+            pods: Vec::with_capacity(snap.pods.len()),
+            groups: Vec::new(),
+            max_gpu_mib,
+            max_node_gpus,
+            capacity,
+        };
+        ctx.pods = snap.pods.iter().map(|p| ctx.pod_info(p)).collect();
+        ctx.build_groups();
+        ctx
+    }
+
+    fn pod_info(&self, p: &Pod) -> PodInfo {
+        let count = p.gpu.count;
+        let share = p.gpu.per_gpu;
+        let demand = PodDemand {
+            cpu_milli: p.cpu_milli,
+            memory_mib: p.memory_mib,
+            gpu_count: count,
+            share,
+            models: self.models.set_of(&p.gpu_models),
+            mig: p.isolation == Isolation::Mig,
+        };
+        let per_gpu = if count == 0 {
+            0
+        } else {
+            demand_on_gpu(share, self.max_gpu_mib.max(1)).0
+        };
+        let request = Resources::new(
+            u64::from(count) * u64::from(per_gpu),
+            p.cpu_milli,
+            p.memory_mib,
+        );
+        let queue = self.tree.index(&p.queue);
+        let invalid = self.validate(p, queue);
+        PodInfo {
+            demand,
+            queue,
+            group: None,
+            request,
+            min_share: per_gpu,
+            invalid,
+        }
+    }
+
+    fn validate(&self, p: &Pod, queue: Option<usize>) -> Option<Reason> {
+        if let Some(e) = p.input_errors.first() {
+            return Some(Reason::InvalidInput {
+                field: e.field.clone(),
+                message: e.message.clone(),
+            });
+        }
+        if p.gpu.count > 0 {
+            match p.gpu.per_gpu {
+                GpuShare::Fraction(m) if m == 0 || m > 1000 => {
+                    return Some(Reason::InvalidInput {
+                        field: "tessera.dev/gpu-fraction".into(),
+                        message: format!(
+                            "{} is outside (0, 1]; give a decimal such as 0.5",
+                            m as f64 / 1000.0
+                        ),
+                    });
+                }
+                GpuShare::MemoryMib(0) => {
+                    return Some(Reason::InvalidInput {
+                        field: "tessera.dev/gpu-memory".into(),
+                        message: "0 is not a memory amount; give a quantity such as 10Gi or 4096Mi"
+                            .into(),
+                    });
+                }
+                GpuShare::MemoryMib(m) if m > self.max_gpu_mib => {
+                    return Some(Reason::InvalidInput {
+                        field: "tessera.dev/gpu-memory".into(),
+                        message: format!(
+                            "{m}Mi is larger than any GPU in the cluster (largest {}Mi)",
+                            self.max_gpu_mib
+                        ),
+                    });
+                }
+                _ => {}
+            }
+            if p.gpu.count > self.max_node_gpus {
+                return Some(Reason::InvalidInput {
+                    field: "nvidia.com/gpu".into(),
+                    message: format!(
+                        "{} GPUs requested but the largest node has {} healthy GPUs",
+                        p.gpu.count, self.max_node_gpus
+                    ),
+                });
+            }
+        }
+        match queue {
+            None => Some(Reason::UnknownQueue {
+                queue: p.queue.clone(),
+            }),
+            Some(q) if !self.tree.nodes[q].is_leaf() => Some(Reason::NotLeafQueue {
+                queue: p.queue.clone(),
+            }),
+            Some(_) => None,
+        }
+    }
+
+    fn build_groups(&mut self) {
+        let snap = self.snap;
+        let mut by_key: BTreeMap<(&str, &str), u32> = BTreeMap::new();
+        for g in &snap.groups {
+            let key = (g.namespace.as_str(), g.name.as_str());
+            if by_key.contains_key(&key) {
+                continue;
+            }
+            let level = |l: &Option<String>| l.as_ref().map(|l| (l.clone(), self.domains.level(l)));
+            let req = level(&g.topology_required);
+            let pref = level(&g.topology_preferred);
+            let name = format!("{}/{}", g.namespace, g.name);
+            let mut invalid = None;
+            for (l, idx) in req.iter().chain(pref.iter()) {
+                if idx.is_none() {
+                    invalid = Some(Reason::UnknownTopologyLevel {
+                        group: name.clone(),
+                        level: l.clone(),
+                    });
+                }
+            }
+            by_key.insert(key, self.groups.len() as u32);
+            self.groups.push(GroupInfo {
+                name,
+                min_member: g.min_member.max(1),
+                max_member: g.max_member,
+                required_level: req.and_then(|r| r.1),
+                preferred_level: pref.and_then(|r| r.1),
+                priority: g.priority,
+                below_min_since: g.below_min_member_since,
+                members: Vec::new(),
+                invalid,
+            });
+        }
+        for (i, p) in snap.pods.iter().enumerate() {
+            let Some(gname) = &p.group else { continue };
+            let key = (p.namespace.as_str(), gname.as_str());
+            let gi = match by_key.get(&key) {
+                Some(&gi) => gi,
+                None => {
+                    let gi = self.groups.len() as u32;
+                    by_key.insert(key, gi);
+                    self.groups.push(GroupInfo {
+                        name: format!("{}/{}", p.namespace, gname),
+                        min_member: p.min_member.unwrap_or(1).max(1),
+                        max_member: None,
+                        required_level: None,
+                        preferred_level: None,
+                        priority: p.priority,
+                        below_min_since: None,
+                        members: Vec::new(),
+                        invalid: None,
+                    });
+                    gi
+                }
+            };
+            self.groups[gi as usize].members.push(i as u32);
+            self.pods[i].group = Some(gi);
+        }
+        // A gang needing more GPU than the cluster has can never start.
+        for g in &mut self.groups {
+            if g.invalid.is_some() {
+                continue;
+            }
+            let mut per_pod: Vec<u64> = g
+                .members
+                .iter()
+                .map(|&m| self.pods[m as usize].request.gpu_milli)
+                .collect();
+            per_pod.sort_unstable();
+            let need: u64 = per_pod.iter().take(g.min_member as usize).sum();
+            if need > self.capacity.gpu_milli {
+                g.invalid = Some(Reason::GroupLargerThanCluster {
+                    group: g.name.clone(),
+                    need_gpu_milli: need,
+                    cluster_gpu_milli: self.capacity.gpu_milli,
+                });
+            }
+        }
+    }
+
+    /// Whether node `n`'s labels satisfy pod `p`'s node selector.
+    pub fn selector_ok(&self, p: u32, n: u32) -> bool {
+        let sel = &self.snap.pods[p as usize].node_selector;
+        if sel.is_empty() {
+            return true;
+        }
+        let labels = &self.snap.nodes[n as usize].labels;
+        sel.iter().all(|(k, v)| labels.get(k) == Some(v))
+    }
+
+    /// Leaf fair shares are computed by the engine; this converts a share array to display.
+    pub fn share_of(shares: &[Share], q: usize) -> [f64; 3] {
+        shares.get(q).map(|s| s.fair).unwrap_or([0.0; 3])
+    }
+}

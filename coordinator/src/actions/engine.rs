@@ -1,0 +1,298 @@
+//! The engine of one cycle: context, statement, jobs and the order the actions run in.
+
+use std::collections::BTreeMap;
+
+use crate::cycle::{
+    Binding, CycleConfig, Decisions, Eviction, EvictionReason, QueueShareStatus, Reason,
+};
+use crate::fairshare::{Share, dominant_share, fair_shares};
+use crate::model::{Assignment, ContainerAssignment, GpuSlice, Resource, Snapshot};
+use crate::placement::PodDemand;
+
+use super::context::Ctx;
+use super::jobs::{Job, build_jobs};
+use super::statement::State;
+
+/// Tolerance when comparing allocations with fair shares (accounting is in milli-units).
+pub(crate) const SHARE_EPS: f64 = 1e-6;
+
+/// Order of queues for allocation and victim search (smaller first).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QueueKey {
+    /// Negated queue priority.
+    pub priority: i32,
+    /// At or above deserved quota in every resource.
+    pub satisfied: bool,
+    /// Dominant share of fair share.
+    pub share: f64,
+}
+
+impl QueueKey {
+    /// Total order: priority, starvation, dominant share.
+    pub fn cmp(&self, o: &QueueKey) -> std::cmp::Ordering {
+        self.priority
+            .cmp(&o.priority)
+            .then(self.satisfied.cmp(&o.satisfied))
+            .then(self.share.total_cmp(&o.share))
+    }
+}
+
+/// Runs the actions of one cycle over a snapshot.
+pub struct Engine<'a> {
+    /// Read-only context.
+    pub ctx: Ctx<'a>,
+    /// The tentative statement.
+    pub st: State,
+    /// Fair share per queue.
+    pub shares: Vec<Share>,
+    /// Jobs.
+    pub jobs: Vec<Job>,
+    /// Job indices per queue, in queue order (priority desc, oldest first).
+    pub queue_jobs: Vec<Vec<u32>>,
+    /// Job-level note per pod (why its job did not go through).
+    pub notes: Vec<Option<Reason>>,
+    /// Demands that found no node while capacity only shrank (allocate phase).
+    pub(crate) failed: BTreeMap<PodDemand, ()>,
+    /// Gangs (uniform demand, size) that failed the same way.
+    pub(crate) failed_gangs: BTreeMap<PodDemand, usize>,
+    /// Single-pod victim searches that failed since the last success.
+    pub(crate) failed_searches: std::collections::BTreeSet<super::victims::SearchKey>,
+    /// Open tentative attempts (failures inside them are not cached).
+    pub(crate) depth: u32,
+    /// Failure caches are valid (only the allocate action, where capacity only shrinks).
+    pub(crate) cache_on: bool,
+    /// Node indices in tie-break order.
+    pub(crate) rank_order: Vec<u32>,
+}
+
+impl<'a> Engine<'a> {
+    /// Prepares a cycle.
+    pub fn new(snapshot: &'a Snapshot, config: &'a CycleConfig) -> Engine<'a> {
+        let ctx = Ctx::build(snapshot, config);
+        let st = State::build(&ctx);
+        let mut notes = vec![None; snapshot.pods.len()];
+        let jobs = build_jobs(&ctx, &st, &mut notes);
+        // Leaf demand: allocated plus valid pending requests.
+        let mut demand = vec![[0.0; 3]; ctx.tree.len()];
+        for (q, d) in demand.iter_mut().enumerate() {
+            if ctx.tree.nodes[q].is_leaf() {
+                *d = st.queue_alloc[q].map(|x| x as f64);
+            }
+        }
+        for j in &jobs {
+            for &p in &j.pods {
+                let r = ctx.pods[p as usize].request.as_f64();
+                for k in 0..3 {
+                    demand[j.queue][k] += r[k];
+                }
+            }
+        }
+        let shares = fair_shares(&ctx.tree, ctx.capacity.as_f64(), &demand);
+        let mut queue_jobs = vec![Vec::new(); ctx.tree.len()];
+        for (i, j) in jobs.iter().enumerate() {
+            queue_jobs[j.queue].push(i as u32);
+        }
+        for list in &mut queue_jobs {
+            list.sort_by(|&a, &b| {
+                let (ja, jb) = (&jobs[a as usize], &jobs[b as usize]);
+                jb.priority
+                    .cmp(&ja.priority)
+                    .then(ja.created.cmp(&jb.created))
+                    .then(a.cmp(&b))
+            });
+        }
+        let mut rank_order: Vec<u32> = (0..snapshot.nodes.len() as u32).collect();
+        rank_order.sort_by_key(|&n| st.index.rank(n));
+        Engine {
+            ctx,
+            st,
+            shares,
+            jobs,
+            queue_jobs,
+            notes,
+            failed: BTreeMap::new(),
+            failed_gangs: BTreeMap::new(),
+            depth: 0,
+            failed_searches: std::collections::BTreeSet::new(),
+            cache_on: false,
+            rank_order,
+        }
+    }
+
+    /// Runs every action in order.
+    pub fn run(&mut self) {
+        self.stale_gangs();
+        self.cache_on = true;
+        self.allocate();
+        self.cache_on = false;
+        if self.ctx.cfg.victims_enabled && self.any_victim_candidates() {
+            self.consolidate();
+            self.reclaim();
+            self.preempt();
+        }
+    }
+
+    /// Allocation of queue `q` as floats.
+    pub(crate) fn alloc_of(&self, q: usize) -> [f64; 3] {
+        self.st.queue_alloc[q].map(|x| x as f64)
+    }
+
+    /// Queue order key: higher priority first, then lower dominant share of fair share.
+    /// Queues below their deserved quota in some resource come before the rest (starvation
+    /// first), then DRF: the lowest dominant share of fair share.
+    pub(crate) fn queue_key(&self, q: usize) -> QueueKey {
+        let alloc = self.alloc_of(q);
+        let share = &self.shares[q];
+        let starved = (0..3)
+            .any(|k| share.deserved[k] > SHARE_EPS && alloc[k] + SHARE_EPS < share.deserved[k]);
+        let ds = dominant_share(alloc, share.fair);
+        QueueKey {
+            priority: -self.ctx.tree.nodes[q].priority,
+            satisfied: !starved,
+            share: ds,
+        }
+    }
+
+    /// The first queue on `q`'s path whose limit `extra` would break, with the resource.
+    pub(crate) fn over_limit(&self, q: usize, extra: [u64; 3]) -> Option<Reason> {
+        self.limit_check(q, extra, false)
+    }
+
+    /// The first queue on `q`'s path that is over a limit right now (placements of memory
+    /// requests can take more compute share than estimated, so actions recheck after placing).
+    pub(crate) fn exceeds_limit(&self, q: usize) -> Option<Reason> {
+        self.limit_check(q, [0; 3], true)
+    }
+
+    fn limit_check(&self, q: usize, extra: [u64; 3], check_current: bool) -> Option<Reason> {
+        for a in self.ctx.tree.path(q) {
+            let node = &self.ctx.tree.nodes[a];
+            for r in Resource::ALL {
+                let k = r.index();
+                if extra[k] == 0 && !check_current {
+                    continue;
+                }
+                if let Some(l) = node.limit(r)
+                    && (self.st.queue_alloc[a][k] + extra[k]) as f64 > l + SHARE_EPS
+                {
+                    let shown = match r {
+                        Resource::Gpu => format!("{}", l / 1000.0),
+                        _ => format!("{l}"),
+                    };
+                    return Some(Reason::QueueOverLimit {
+                        queue: node.name.clone(),
+                        resource: r,
+                        limit: shown,
+                    });
+                }
+            }
+        }
+        None
+    }
+
+    /// Whether any bound pod could ever be a victim (skip victim actions otherwise).
+    fn any_victim_candidates(&self) -> bool {
+        self.ctx.snap.pods.iter().enumerate().any(|(i, p)| {
+            self.st.orig_bound[i] && p.preemptible && !p.terminating && !p.owned_by_other_scheduler
+        })
+    }
+
+    /// Turns the committed statement into decisions.
+    pub fn decisions(&self) -> Decisions {
+        let snap = self.ctx.snap;
+        let mut out = Decisions::default();
+        let mut seen = vec![false; snap.pods.len()];
+        for p in self.st.placed_in_order() {
+            let i = p as usize;
+            if self.st.orig_bound[i] || seen[i] {
+                continue;
+            }
+            let Some(pl) = &self.st.placed[i] else {
+                continue;
+            };
+            seen[i] = true;
+            let node = &snap.nodes[pl.node as usize];
+            let gpus = pl
+                .gpus
+                .iter()
+                .map(|&(g, c, m)| GpuSlice {
+                    uuid: node.gpus[g as usize].uuid.clone(),
+                    memory_mib: m,
+                    compute_milli: c,
+                })
+                .collect();
+            let assignment = Assignment {
+                containers: vec![ContainerAssignment {
+                    container: snap.pods[i].gpu_container.clone(),
+                    gpus,
+                }],
+            };
+            out.bindings.push(Binding {
+                pod: snap.pods[i].uid.clone(),
+                node: node.name.clone(),
+                assignment,
+                after_evictions: self.st.node_evictions[pl.node as usize] > 0,
+            });
+        }
+        let mut evicted_seen = vec![false; snap.pods.len()];
+        for p in self.st.evicted_in_order() {
+            let i = p as usize;
+            if evicted_seen[i] || !self.st.orig_bound[i] {
+                continue;
+            }
+            evicted_seen[i] = true;
+            let Some(reason) = &self.st.evicted[i] else {
+                continue;
+            };
+            let reason = match reason {
+                EvictionReason::Consolidate { .. } => match &self.st.placed[i] {
+                    Some(pl) => EvictionReason::Consolidate {
+                        moved_to: snap.nodes[pl.node as usize].name.clone(),
+                    },
+                    None => continue,
+                },
+                r => {
+                    if self.st.placed[i].is_some() {
+                        continue; // put back by a later op: not evicted after all
+                    }
+                    r.clone()
+                }
+            };
+            out.evictions.push(Eviction {
+                pod: snap.pods[i].uid.clone(),
+                reason,
+            });
+        }
+        out.pending = self.explain();
+        let mut shares: Vec<QueueShareStatus> = self
+            .ctx
+            .tree
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(q, n)| QueueShareStatus {
+                queue: n.name.clone(),
+                deserved: self.shares[q].deserved,
+                fair_share: self.shares[q].fair,
+                allocated: self.alloc_of(q),
+                requested: self.shares[q].demand,
+            })
+            .collect();
+        shares.sort_by(|a, b| a.queue.cmp(&b.queue));
+        out.fair_shares = shares;
+        let mut below: Vec<String> = self
+            .ctx
+            .groups
+            .iter()
+            .enumerate()
+            .filter(|(g, info)| {
+                let n = self.st.group_placed[*g];
+                n > 0 && n < info.min_member
+            })
+            .map(|(_, info)| info.name.clone())
+            .collect();
+        below.sort();
+        out.gangs_below_min = below;
+        out
+    }
+}

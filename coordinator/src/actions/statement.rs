@@ -1,0 +1,314 @@
+//! The tentative statement: the mutable cluster state of a cycle plus an undo log.
+//!
+//! Every action changes the state only through [`State::place`] and [`State::evict`]. A
+//! checkpoint is the log length; rolling back undoes the ops after it in reverse order; what is
+//! never rolled back is committed. Capacity index, per-queue allocation and per-group running
+//! counts are kept in step, so every action sees the effect of the ones before it.
+
+use crate::cycle::EvictionReason;
+use crate::model::{GpuShare, Snapshot};
+use crate::placement::frag::ShapeMix;
+use crate::placement::{
+    CapacityIndex, GPU_MILLI, NodeCapacity, ScoreWeights, check_fit, demand_on_gpu, place_on_node,
+};
+
+use super::context::Ctx;
+
+/// Where a pod sits: node and `(gpu index, compute milli, memory MiB)` per GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placed {
+    /// Node index.
+    pub node: u32,
+    /// GPU slices.
+    pub gpus: Vec<(u32, u32, u64)>,
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Place(u32),
+    Evict {
+        pod: u32,
+        was: Placed,
+        prev_reason: Option<EvictionReason>,
+    },
+}
+
+/// Mutable state of a cycle.
+pub struct State {
+    /// Free capacity per node.
+    pub nodes: Vec<NodeCapacity>,
+    /// Bucketed index over `nodes`.
+    pub index: CapacityIndex,
+    /// Pods currently on each node.
+    pub node_pods: Vec<Vec<u32>>,
+    /// Current placement per pod.
+    pub placed: Vec<Option<Placed>>,
+    /// Eviction reason per pod (set while evicted in this cycle).
+    pub evicted: Vec<Option<EvictionReason>>,
+    /// Whether the pod was bound when the cycle started.
+    pub orig_bound: Vec<bool>,
+    /// Allocated per queue (including descendants) in accounting units.
+    pub queue_alloc: Vec<[u64; 3]>,
+    /// Placed members per group.
+    pub group_placed: Vec<u32>,
+    /// Nodes that lost a pod to an eviction in this cycle (count).
+    pub node_evictions: Vec<u32>,
+    log: Vec<Op>,
+}
+
+fn free_of(ctx: &Ctx, n: usize) -> NodeCapacity {
+    let node = &ctx.snap.nodes[n];
+    let model = node
+        .gpus
+        .first()
+        .and_then(|g| ctx.models.id(&g.model))
+        .unwrap_or(0);
+    NodeCapacity::from_node(node, model)
+}
+
+impl State {
+    /// Builds the state from the snapshot: capacity minus every bound pod.
+    pub fn build(ctx: &Ctx) -> State {
+        let snap: &Snapshot = ctx.snap;
+        let nodes: Vec<NodeCapacity> = (0..snap.nodes.len()).map(|n| free_of(ctx, n)).collect();
+        let mut rank: Vec<u32> = (0..nodes.len() as u32).collect();
+        if ctx.cfg.shuffle_ties {
+            use rand::SeedableRng;
+            use rand::seq::SliceRandom;
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(ctx.cfg.seed);
+            let mut order: Vec<u32> = (0..nodes.len() as u32).collect();
+            order.shuffle(&mut rng);
+            for (pos, &n) in order.iter().enumerate() {
+                rank[n as usize] = pos as u32;
+            }
+        } else {
+            let mut order: Vec<u32> = (0..nodes.len() as u32).collect();
+            order.sort_by(|&a, &b| {
+                snap.nodes[a as usize]
+                    .name
+                    .cmp(&snap.nodes[b as usize].name)
+            });
+            for (pos, &n) in order.iter().enumerate() {
+                rank[n as usize] = pos as u32;
+            }
+        }
+        let index = CapacityIndex::new(&nodes, rank);
+        let np = snap.pods.len();
+        let mut st = State {
+            node_pods: vec![Vec::new(); nodes.len()],
+            nodes,
+            index,
+            placed: vec![None; np],
+            evicted: vec![None; np],
+            orig_bound: vec![false; np],
+            queue_alloc: vec![[0; 3]; ctx.tree.len()],
+            group_placed: vec![0; ctx.groups.len()],
+            node_evictions: vec![0; snap.nodes.len()],
+            log: Vec::new(),
+        };
+        for (i, p) in snap.pods.iter().enumerate() {
+            let Some(pl) = &p.placement else { continue };
+            let Some(&n) = ctx.node_by_name.get(pl.node.as_str()) else {
+                continue;
+            };
+            let gpus = st.existing_slices(ctx, i as u32, n);
+            st.orig_bound[i] = true;
+            st.apply_place(ctx, i as u32, Placed { node: n, gpus });
+        }
+        st.log.clear();
+        st
+    }
+
+    /// The GPU slices a bound pod holds: from its assignment, or, without one, the GPUs the
+    /// agent would hand out (lowest-index fitting ones).
+    fn existing_slices(&self, ctx: &Ctx, p: u32, n: u32) -> Vec<(u32, u32, u64)> {
+        let pod = &ctx.snap.pods[p as usize];
+        let node = &ctx.snap.nodes[n as usize];
+        let mut out = Vec::new();
+        for s in pod.placement.iter().flat_map(|pl| pl.assignment.slices()) {
+            if let Some(g) = node.gpus.iter().position(|g| g.uuid == s.uuid) {
+                out.push((g as u32, s.compute_milli.min(GPU_MILLI), s.memory_mib));
+            }
+        }
+        if !out.is_empty() || pod.gpu.count == 0 {
+            return out;
+        }
+        let cap = &self.nodes[n as usize];
+        let share = if pod.owned_by_other_scheduler {
+            GpuShare::Whole
+        } else {
+            pod.gpu.per_gpu
+        };
+        let mut d = ctx.pods[p as usize].demand;
+        d.share = share;
+        d.cpu_milli = 0;
+        d.memory_mib = 0;
+        let quiet = ScoreWeights {
+            use_fragmentation: false,
+            ..ScoreWeights::default()
+        };
+        if let Ok(c) = place_on_node(
+            &NodeCapacity {
+                schedulable: true,
+                ..cap.clone()
+            },
+            &d,
+            &ShapeMix::default(),
+            &quiet,
+        ) {
+            return c.gpus;
+        }
+        // Reality over-commits the node (e.g. a GPU went away): charge the lowest GPUs anyway.
+        (0..cap.gpus.len().min(pod.gpu.count as usize))
+            .map(|g| {
+                let (c, m) = demand_on_gpu(share, cap.gpus[g].mem_total);
+                (g as u32, c, m)
+            })
+            .collect()
+    }
+
+    /// Current log position.
+    pub fn checkpoint(&self) -> usize {
+        self.log.len()
+    }
+
+    /// Undoes every op after `cp`.
+    pub fn rollback(&mut self, ctx: &Ctx, cp: usize) {
+        while self.log.len() > cp {
+            let Some(op) = self.log.pop() else { break };
+            match op {
+                Op::Place(p) => {
+                    self.apply_remove(ctx, p);
+                }
+                Op::Evict {
+                    pod,
+                    was,
+                    prev_reason,
+                } => {
+                    self.apply_place(ctx, pod, was);
+                    self.evicted[pod as usize] = prev_reason;
+                }
+            }
+        }
+    }
+
+    /// Whether any op was logged (anything decided).
+    pub fn has_ops(&self) -> bool {
+        !self.log.is_empty()
+    }
+
+    /// Pods placed by committed ops, in order (a pod may appear more than once if moved).
+    pub fn placed_in_order(&self) -> impl Iterator<Item = u32> + '_ {
+        self.log.iter().filter_map(|op| match op {
+            Op::Place(p) => Some(*p),
+            Op::Evict { .. } => None,
+        })
+    }
+
+    /// Pods evicted by committed ops, in order.
+    pub fn evicted_in_order(&self) -> impl Iterator<Item = u32> + '_ {
+        self.log.iter().filter_map(|op| match op {
+            Op::Evict { pod, .. } => Some(*pod),
+            Op::Place(_) => None,
+        })
+    }
+
+    /// Places pod `p` on node `n` with the given slices.
+    pub fn place(&mut self, ctx: &Ctx, p: u32, placed: Placed) {
+        self.apply_place(ctx, p, placed);
+        self.log.push(Op::Place(p));
+    }
+
+    /// Evicts pod `p` (which must be placed) for `reason`.
+    pub fn evict(&mut self, ctx: &Ctx, p: u32, reason: EvictionReason) {
+        let Some(was) = self.apply_remove(ctx, p) else {
+            return;
+        };
+        let prev_reason = self.evicted[p as usize].replace(reason);
+        self.node_evictions[was.node as usize] += 1;
+        self.log.push(Op::Evict {
+            pod: p,
+            was,
+            prev_reason,
+        });
+    }
+
+    fn apply_place(&mut self, ctx: &Ctx, p: u32, placed: Placed) {
+        let pod = &ctx.snap.pods[p as usize];
+        let n = placed.node as usize;
+        let node = &mut self.nodes[n];
+        node.cpu_free = node.cpu_free.saturating_sub(pod.cpu_milli);
+        node.mem_free = node.mem_free.saturating_sub(pod.memory_mib);
+        let mut gpu_milli = 0u64;
+        for &(g, c, m) in &placed.gpus {
+            let gpu = &mut node.gpus[g as usize];
+            gpu.compute_free = gpu.compute_free.saturating_sub(c);
+            gpu.mem_free = gpu.mem_free.saturating_sub(m);
+            gpu.holders += 1;
+            gpu_milli += u64::from(c);
+        }
+        node.pods += 1;
+        self.index.update(placed.node, &self.nodes[n]);
+        self.node_pods[n].push(p);
+        if let Some(q) = ctx.pods[p as usize]
+            .queue
+            .filter(|_| !pod.owned_by_other_scheduler)
+        {
+            let add = [gpu_milli, pod.cpu_milli, pod.memory_mib];
+            for a in ctx.tree.path(q) {
+                for (slot, v) in self.queue_alloc[a].iter_mut().zip(add) {
+                    *slot += v;
+                }
+            }
+        }
+        if let Some(g) = ctx.pods[p as usize].group {
+            self.group_placed[g as usize] += 1;
+        }
+        self.placed[p as usize] = Some(placed);
+    }
+
+    fn apply_remove(&mut self, ctx: &Ctx, p: u32) -> Option<Placed> {
+        let placed = self.placed[p as usize].take()?;
+        let pod = &ctx.snap.pods[p as usize];
+        let n = placed.node as usize;
+        let total_cpu = ctx.snap.nodes[n].cpu_milli;
+        let total_mem = ctx.snap.nodes[n].memory_mib;
+        let node = &mut self.nodes[n];
+        node.cpu_free = (node.cpu_free + pod.cpu_milli).min(total_cpu);
+        node.mem_free = (node.mem_free + pod.memory_mib).min(total_mem);
+        let mut gpu_milli = 0u64;
+        for &(g, c, m) in &placed.gpus {
+            let gpu = &mut node.gpus[g as usize];
+            gpu.compute_free = (gpu.compute_free + c).min(GPU_MILLI);
+            gpu.mem_free = (gpu.mem_free + m).min(gpu.mem_total);
+            gpu.holders = gpu.holders.saturating_sub(1);
+            gpu_milli += u64::from(c);
+        }
+        node.pods = node.pods.saturating_sub(1);
+        self.index.update(placed.node, &self.nodes[n]);
+        if let Some(pos) = self.node_pods[n].iter().rposition(|&x| x == p) {
+            self.node_pods[n].swap_remove(pos);
+        }
+        if let Some(q) = ctx.pods[p as usize]
+            .queue
+            .filter(|_| !pod.owned_by_other_scheduler)
+        {
+            let sub = [gpu_milli, pod.cpu_milli, pod.memory_mib];
+            for a in ctx.tree.path(q) {
+                for (slot, v) in self.queue_alloc[a].iter_mut().zip(sub) {
+                    *slot = slot.saturating_sub(v);
+                }
+            }
+        }
+        if let Some(g) = ctx.pods[p as usize].group {
+            self.group_placed[g as usize] = self.group_placed[g as usize].saturating_sub(1);
+        }
+        Some(placed)
+    }
+
+    /// Checks pod `p` on node `n` including the node selector.
+    pub fn fits(&self, ctx: &Ctx, p: u32, n: u32) -> bool {
+        ctx.selector_ok(p, n)
+            && check_fit(&self.nodes[n as usize], &ctx.pods[p as usize].demand).is_ok()
+    }
+}

@@ -1,0 +1,493 @@
+//! Victim search shared by reclaim, preempt and consolidate, and those three actions.
+//!
+//! The search is bounded: at most `max_victim_candidates` nodes per pod, at most
+//! `max_victim_jobs` jobs per action. On each node, victims are taken greedily in preference
+//! order (elastic pods first, then lowest priority, then youngest) until the pod fits; the node
+//! needing the fewest victims wins. Every trial runs inside the statement and is rolled back.
+
+use std::collections::BTreeMap;
+
+use crate::cycle::EvictionReason;
+use crate::placement::PodDemand;
+
+/// Demand, action kind, queue and priority of a single-pod victim search.
+pub(crate) type SearchKey = (PodDemand, u8, usize, i32);
+
+use super::allocate::Mode;
+use super::engine::{Engine, SHARE_EPS};
+
+impl Engine<'_> {
+    /// Whether pod `v` may be a victim for pod `p` at all (mode-independent part).
+    fn victim_static_ok(&self, p: u32, v: u32) -> bool {
+        let pod = &self.ctx.snap.pods[v as usize];
+        self.st.orig_bound[v as usize]
+            && pod.preemptible
+            && !pod.terminating
+            && !pod.owned_by_other_scheduler
+            && (self.ctx.pods[v as usize].group.is_none()
+                || self.ctx.pods[v as usize].group != self.ctx.pods[p as usize].group)
+    }
+
+    /// Whether `v` is an elastic member (its group keeps `minMember` without it).
+    fn is_elastic(&self, v: u32) -> bool {
+        match self.ctx.pods[v as usize].group {
+            None => false,
+            Some(g) => self.st.group_placed[g as usize] > self.ctx.groups[g as usize].min_member,
+        }
+    }
+
+    /// The pods that leave together with `v`: its whole gang if `v` is a core member.
+    fn victim_set(&self, v: u32) -> Vec<u32> {
+        match self.ctx.pods[v as usize].group {
+            Some(g) if !self.is_elastic(v) => self.ctx.groups[g as usize]
+                .members
+                .iter()
+                .copied()
+                .filter(|&m| self.st.placed[m as usize].is_some())
+                .collect(),
+            _ => vec![v],
+        }
+    }
+
+    /// Mode-specific check of a victim set against the current state.
+    fn victims_ok(&self, p: u32, set: &[u32], mode: Mode) -> bool {
+        if set.iter().any(|&v| !self.victim_static_ok(p, v)) {
+            return false;
+        }
+        match mode {
+            Mode::Allocate => false,
+            Mode::Preempt(q, prio, _) => set.iter().all(|&v| {
+                self.ctx.pods[v as usize].queue == Some(q)
+                    && self.ctx.snap.pods[v as usize].priority < prio
+            }),
+            Mode::Consolidate => {
+                set.len() == 1 && self.ctx.pods[set[0] as usize].demand.gpu_count > 0
+            }
+            Mode::Reclaim(q) => {
+                // Every queue that loses (on the victims' path but not the reclaimer's) must
+                // stay at or above its fair share, hence above its deserved quota.
+                let mut loss: Vec<(usize, [u64; 3])> = Vec::new();
+                for &v in set {
+                    let Some(vq) = self.ctx.pods[v as usize].queue else {
+                        return false;
+                    };
+                    let used = self.used_by(v);
+                    for a in self.ctx.tree.path(vq) {
+                        if self.ctx.tree.path(q).any(|b| b == a) {
+                            continue;
+                        }
+                        match loss.iter_mut().find(|(x, _)| *x == a) {
+                            Some((_, l)) => (0..3).for_each(|k| l[k] += used[k]),
+                            None => loss.push((a, used)),
+                        }
+                    }
+                }
+                if loss.is_empty() {
+                    return false; // same queue: that is preemption, not reclaim
+                }
+                // The reclaimer's ancestors that gain (those not shared with the victims) must
+                // stay within their fair share too.
+                let mut moved = [0u64; 3];
+                for &v in set {
+                    let u = self.used_by(v);
+                    (0..3).for_each(|k| moved[k] += u[k]);
+                }
+                let victim_paths: Vec<usize> = set
+                    .iter()
+                    .filter_map(|&v| self.ctx.pods[v as usize].queue)
+                    .flat_map(|vq| self.ctx.tree.path(vq).collect::<Vec<_>>())
+                    .collect();
+                let gain_ok = self
+                    .ctx
+                    .tree
+                    .path(q)
+                    .skip(1)
+                    .filter(|a| !victim_paths.contains(a))
+                    .all(|a| {
+                        (0..3).all(|k| {
+                            moved[k] == 0
+                                || (self.st.queue_alloc[a][k] + moved[k]) as f64
+                                    <= self.shares[a].fair[k] + SHARE_EPS
+                        })
+                    });
+                if !gain_ok {
+                    eprintln!("  gain not ok");
+                    return false;
+                }
+                for (a, l) in &loss { eprintln!("  loss {} {:?} alloc {:?} fair {:?}", self.ctx.tree.nodes[*a].name, l, self.st.queue_alloc[*a], self.shares[*a].fair); }
+                loss.iter().all(|(a, l)| {
+                    (0..3).all(|k| {
+                        l[k] == 0
+                            || self.st.queue_alloc[*a][k] as f64 - l[k] as f64
+                                >= self.shares[*a].fair[k] - SHARE_EPS
+                    })
+                })
+            }
+        }
+    }
+
+    /// Resources pod `v` holds now.
+    fn used_by(&self, v: u32) -> [u64; 3] {
+        let pod = &self.ctx.snap.pods[v as usize];
+        let gpu = self.st.placed[v as usize]
+            .as_ref()
+            .map(|pl| pl.gpus.iter().map(|g| u64::from(g.1)).sum())
+            .unwrap_or(0);
+        [gpu, pod.cpu_milli, pod.memory_mib]
+    }
+
+    fn reason_for(&self, mode: Mode) -> EvictionReason {
+        match mode {
+            Mode::Reclaim(q) => EvictionReason::Reclaim {
+                by_queue: self.ctx.tree.nodes[q].name.clone(),
+            },
+            Mode::Preempt(_, _, by) => EvictionReason::Preempt {
+                by_pod: self.ctx.snap.pods[by as usize].uid.clone(),
+            },
+            _ => EvictionReason::Consolidate {
+                moved_to: String::new(),
+            },
+        }
+    }
+
+    /// Evicts victims on node `n` until `p` fits there, then places `p` (and, when
+    /// consolidating, re-places every moved pod elsewhere). Returns the number of pods evicted,
+    /// or `None` (state then needs a rollback by the caller).
+    fn evict_for(&mut self, p: u32, n: u32, mode: Mode) -> Option<usize> {
+        if !self.ctx.selector_ok(p, n) {
+            return None;
+        }
+        let mut cands: Vec<u32> = self.st.node_pods[n as usize]
+            .iter()
+            .copied()
+            .filter(|&v| self.victim_static_ok(p, v))
+            .collect();
+        if cands.is_empty() {
+            return None;
+        }
+        let snap = self.ctx.snap;
+        cands.sort_by(|&a, &b| {
+            let (pa, pb) = (&snap.pods[a as usize], &snap.pods[b as usize]);
+            (!self.is_elastic(a))
+                .cmp(&!self.is_elastic(b))
+                .then(pa.priority.cmp(&pb.priority))
+                .then(pb.created.cmp(&pa.created))
+                .then(pa.uid.cmp(&pb.uid))
+        });
+        let reason = self.reason_for(mode);
+        let mut moved: Vec<u32> = Vec::new();
+        let mut fits = false;
+        for v in cands {
+            if self.st.placed[v as usize].is_none() {
+                continue;
+            }
+            let set = self.victim_set(v);
+            if !self.victims_ok(p, &set, mode) {
+                continue;
+            }
+            for &x in &set {
+                self.st.evict(&self.ctx, x, reason.clone());
+            }
+            moved.extend_from_slice(&set);
+            if self.st.fits(&self.ctx, p, n) {
+                fits = true;
+                break;
+            }
+        }
+        if !fits {
+            return None;
+        }
+        let (node, choice) = self.best_node(p, Some(&[n]), None)?;
+        self.st.place(
+            &self.ctx,
+            p,
+            super::statement::Placed {
+                node,
+                gpus: choice.gpus,
+            },
+        );
+        if mode == Mode::Consolidate {
+            for &v in &moved {
+                let (node, choice) = self.best_node(v, None, Some(n))?;
+                self.st.place(
+                    &self.ctx,
+                    v,
+                    super::statement::Placed {
+                        node,
+                        gpus: choice.gpus,
+                    },
+                );
+            }
+        }
+        Some(moved.len())
+    }
+
+    /// Cheap upper bound: would `p` fit on `n` if every victim allowed by the mode's static
+    /// rules were gone? Prunes nodes before the (rolled-back) trial evictions.
+    fn could_fit_after_evictions(&self, p: u32, n: u32, mode: Mode) -> bool {
+        let snap = self.ctx.snap;
+        let mut cap: Option<crate::placement::NodeCapacity> = None;
+        for &v in &self.st.node_pods[n as usize] {
+            if !self.victim_static_ok(p, v) {
+                continue;
+            }
+            let info = &self.ctx.pods[v as usize];
+            let ok = match mode {
+                Mode::Allocate => false,
+                // Only queues above their fair share can give anything back.
+                Mode::Reclaim(q) => info.queue.is_some_and(|vq| {
+                    vq != q
+                        && (0..3)
+                            .any(|k| self.alloc_of(vq)[k] > self.shares[vq].fair[k] + SHARE_EPS)
+                }),
+                Mode::Preempt(q, prio, _) => {
+                    info.queue == Some(q) && snap.pods[v as usize].priority < prio
+                }
+                Mode::Consolidate => {
+                    info.demand.gpu_count > 0 && (info.group.is_none() || self.is_elastic(v))
+                }
+            };
+            if !ok {
+                continue;
+            }
+            let Some(pl) = &self.st.placed[v as usize] else {
+                continue;
+            };
+            let c = cap.get_or_insert_with(|| self.st.nodes[n as usize].clone());
+            let pod = &snap.pods[v as usize];
+            c.cpu_free += pod.cpu_milli;
+            c.mem_free += pod.memory_mib;
+            for &(g, comp, mem) in &pl.gpus {
+                let gpu = &mut c.gpus[g as usize];
+                gpu.compute_free += comp;
+                gpu.mem_free += mem;
+                gpu.holders = gpu.holders.saturating_sub(1);
+            }
+        }
+        match cap {
+            None => false,
+            Some(c) => {
+                self.ctx.selector_ok(p, n)
+                    && crate::placement::check_fit(&c, &self.ctx.pods[p as usize].demand).is_ok()
+            }
+        }
+    }
+
+    /// Places `p` by evicting the fewest victims on one node.
+    pub(crate) fn place_with_victims(
+        &mut self,
+        p: u32,
+        restrict: Option<&[u32]>,
+        mode: Mode,
+    ) -> bool {
+        let nodes: Vec<u32> = match restrict {
+            Some(r) => r.to_vec(),
+            None => self.rank_order.clone(),
+        };
+        let mut best: Option<(usize, u32)> = None;
+        let mut examined = 0usize;
+        for n in nodes {
+            if !self.could_fit_after_evictions(p, n, mode) {
+                continue;
+            }
+            examined += 1;
+            let cp = self.st.checkpoint();
+            self.depth += 1;
+            let got = self.evict_for(p, n, mode);
+            self.depth -= 1;
+            self.st.rollback(&self.ctx, cp);
+            if let Some(cost) = got
+                && best.is_none_or(|(bc, _)| cost < bc)
+            {
+                best = Some((cost, n));
+                if cost <= 1 {
+                    break;
+                }
+            }
+            if examined >= self.ctx.cfg.max_victim_candidates {
+                break;
+            }
+        }
+        let Some((_, n)) = best else { return false };
+        let cp = self.st.checkpoint();
+        if self.evict_for(p, n, mode).is_some() {
+            return true;
+        }
+        self.st.rollback(&self.ctx, cp);
+        false
+    }
+
+    /// Leaf queues in reclaim order: furthest below fair share first.
+    fn leaves_by_deficit(&self) -> Vec<usize> {
+        let mut qs: Vec<usize> = (0..self.ctx.tree.len())
+            .filter(|&q| !self.queue_jobs[q].is_empty())
+            .collect();
+        qs.sort_by(|&a, &b| {
+            let (ka, kb) = (self.queue_key(a), self.queue_key(b));
+            ka.cmp(&kb).then(a.cmp(&b))
+        });
+        qs
+    }
+
+    /// Whether leaf queue `q` stays within its fair share after taking `req` (its ancestors
+    /// are checked per victim, where it is known which of them gain).
+    fn within_fair(&self, q: usize, req: [u64; 3]) -> bool {
+        (0..3).all(|k| {
+            req[k] == 0
+                || (self.st.queue_alloc[q][k] + req[k]) as f64 <= self.shares[q].fair[k] + SHARE_EPS
+        })
+    }
+
+    /// The gang part of job `j` that still waits, if any.
+    fn waiting_gang(&self, j: usize) -> Option<Vec<u32>> {
+        let pending = self.job_pending(j);
+        let need = self.gang_need(j).min(pending.len());
+        (need > 0).then(|| pending[..need].to_vec())
+    }
+
+    /// Reclaim: queues below fair share evict from queues above theirs.
+    pub(crate) fn reclaim(&mut self) {
+        let mut tried = 0;
+        for q in self.leaves_by_deficit() {
+            for j in self.queue_jobs[q].clone() {
+                let Some(gang) = self.waiting_gang(j as usize) else {
+                    continue;
+                };
+                let req = self.request_of(&gang);
+                eprintln!("RECLAIM q={} req={:?} alloc={:?} fair={:?} within={} lim={:?} recl={} free={}", self.ctx.tree.nodes[q].name, req, self.st.queue_alloc[q], self.shares[q].fair, self.within_fair(q, req), self.over_limit(q, req), self.reclaimable_gpu(q), self.st.index.free_gpu_milli());
+                if !self.within_fair(q, req)
+                    || self.over_limit(q, req).is_some()
+                    || (req[0] > 0
+                        && self.reclaimable_gpu(q) + self.st.index.free_gpu_milli() < req[0])
+                {
+                    continue;
+                }
+                if self.victim_search_failed(&gang, Mode::Reclaim(q)) {
+                    continue;
+                }
+                tried += 1;
+                if tried > self.ctx.cfg.max_victim_jobs {
+                    return;
+                }
+                let ok = self.try_job(j as usize, Mode::Reclaim(q));
+                self.record_victim_search(&gang, Mode::Reclaim(q), ok);
+            }
+        }
+    }
+
+    /// Preempt: inside a queue, higher priority evicts lower-priority preemptible pods.
+    pub(crate) fn preempt(&mut self) {
+        let mut tried = 0;
+        // GPU held by possible victims per queue and priority: an upper bound of what a
+        // preemptor can free (only shrinks as the action evicts), used as a prefilter.
+        let mut held: Vec<BTreeMap<i32, (u64, u64)>> = vec![BTreeMap::new(); self.ctx.tree.len()];
+        for (i, v) in self.ctx.snap.pods.iter().enumerate() {
+            if let Some(q) = self.ctx.pods[i].queue
+                && self.st.placed[i].is_some()
+                && self.st.orig_bound[i]
+                && v.preemptible
+                && !v.terminating
+                && !v.owned_by_other_scheduler
+            {
+                let e = held[q].entry(v.priority).or_default();
+                e.0 += self.used_by(i as u32)[0];
+                e.1 += 1;
+            }
+        }
+        for q in self.leaves_by_deficit() {
+            for j in self.queue_jobs[q].clone() {
+                let Some(gang) = self.waiting_gang(j as usize) else {
+                    continue;
+                };
+                let prio = self.jobs[j as usize].priority;
+                let (gpu, pods) = held[q]
+                    .range(..prio)
+                    .fold((0, 0), |a, (_, b)| (a.0 + b.0, a.1 + b.1));
+                let req = self.request_of(&gang);
+                if pods == 0
+                    || gpu + self.st.index.free_gpu_milli() < req[0]
+                    || self.over_limit(q, req).is_some()
+                {
+                    continue;
+                }
+                let mode = Mode::Preempt(q, prio, gang[0]);
+                if self.victim_search_failed(&gang, mode) {
+                    continue;
+                }
+                tried += 1;
+                if tried > self.ctx.cfg.max_victim_jobs {
+                    return;
+                }
+                let ok = self.try_job(j as usize, mode);
+                self.record_victim_search(&gang, mode, ok);
+            }
+        }
+    }
+
+    /// Key of a victim search for the failure cache: single-pod jobs only (a gang's outcome
+    /// depends on its size and topology).
+    fn search_key(&self, gang: &[u32], mode: Mode) -> Option<SearchKey> {
+        let [p] = gang else { return None };
+        if !self.ctx.snap.pods[*p as usize].node_selector.is_empty() {
+            return None;
+        }
+        let d = self.ctx.pods[*p as usize].demand;
+        Some(match mode {
+            Mode::Preempt(q, prio, _) => (d, 1, q, prio),
+            Mode::Reclaim(q) => (d, 2, q, 0),
+            Mode::Consolidate => (d, 3, 0, 0),
+            Mode::Allocate => (d, 0, 0, 0),
+        })
+    }
+
+    /// Whether the same search already failed since the last successful one (nothing that
+    /// would make it succeed has changed).
+    fn victim_search_failed(&self, gang: &[u32], mode: Mode) -> bool {
+        self.search_key(gang, mode)
+            .is_some_and(|k| self.failed_searches.contains(&k))
+    }
+
+    fn record_victim_search(&mut self, gang: &[u32], mode: Mode, ok: bool) {
+        if ok {
+            self.failed_searches.clear();
+        } else if let Some(k) = self.search_key(gang, mode) {
+            self.failed_searches.insert(k);
+        }
+    }
+
+    /// GPU (milli) other leaf queues hold above their fair share: an upper bound of what queue
+    /// `q` can reclaim.
+    fn reclaimable_gpu(&self, q: usize) -> u64 {
+        (0..self.ctx.tree.len())
+            .filter(|&v| v != q && self.ctx.tree.nodes[v].is_leaf())
+            .map(|v| (self.alloc_of(v)[0] - self.shares[v].fair[0]).max(0.0) as u64)
+            .sum()
+    }
+
+    /// Consolidate: move preemptible pods to make room for waiting GPU jobs when the cluster
+    /// has enough free GPU in total, only if every moved pod fits elsewhere.
+    pub(crate) fn consolidate(&mut self) {
+        let mut tried = 0;
+        for q in self.leaves_by_deficit() {
+            for j in self.queue_jobs[q].clone() {
+                let Some(gang) = self.waiting_gang(j as usize) else {
+                    continue;
+                };
+                let req = self.request_of(&gang);
+                if req[0] == 0
+                    || self.st.index.free_gpu_milli() < req[0]
+                    || self.over_limit(q, req).is_some()
+                    || self.victim_search_failed(&gang, Mode::Consolidate)
+                {
+                    continue;
+                }
+                tried += 1;
+                if tried > self.ctx.cfg.max_victim_jobs {
+                    return;
+                }
+                let ok = self.try_job(j as usize, Mode::Consolidate);
+                self.record_victim_search(&gang, Mode::Consolidate, ok);
+            }
+        }
+    }
+}

@@ -1,0 +1,71 @@
+//! The snapshot one scheduling cycle reads.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Node, Pod, PodGroup, Queue};
+
+/// Ordered topology levels (node label keys), coarse to fine.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopologyLevels {
+    /// Label keys, e.g. `topology.kubernetes.io/zone`, `tessera.dev/block`, `kubernetes.io/hostname`.
+    pub levels: Vec<String>,
+}
+
+/// Everything a cycle reads: cluster, workload and queues at logical time `now`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Logical time in seconds.
+    pub now: u64,
+    /// Nodes.
+    pub nodes: Vec<Node>,
+    /// Pods: pending ones and bound ones (including other schedulers' pods on these nodes).
+    pub pods: Vec<Pod>,
+    /// PodGroups.
+    pub groups: Vec<PodGroup>,
+    /// Queues.
+    pub queues: Vec<Queue>,
+    /// Topology levels; `None` = only nodes (and NVLink islands inside them).
+    pub topology: Option<TopologyLevels>,
+}
+
+impl Snapshot {
+    /// An empty snapshot at time `now`.
+    pub fn at(now: u64) -> Snapshot {
+        Snapshot {
+            now,
+            ..Snapshot::default()
+        }
+    }
+
+    /// Adds a node.
+    pub fn node(mut self, node: Node) -> Snapshot {
+        self.nodes.push(node);
+        self
+    }
+
+    /// Adds a pod.
+    pub fn pod(mut self, pod: Pod) -> Snapshot {
+        self.pods.push(pod);
+        self
+    }
+
+    /// Adds a group.
+    pub fn group(mut self, group: PodGroup) -> Snapshot {
+        self.groups.push(group);
+        self
+    }
+
+    /// Adds a queue.
+    pub fn queue(mut self, queue: Queue) -> Snapshot {
+        self.queues.push(queue);
+        self
+    }
+
+    /// Sets the topology levels.
+    pub fn levels(mut self, levels: &[&str]) -> Snapshot {
+        self.topology = Some(TopologyLevels {
+            levels: levels.iter().map(|s| s.to_string()).collect(),
+        });
+        self
+    }
+}

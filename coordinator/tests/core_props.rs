@@ -1,0 +1,295 @@
+//! Property tests of the scheduling invariants over random clusters and workloads.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use proptest::prelude::*;
+use tessera_coordinator::cycle::{CycleConfig, Decisions, EvictionReason, schedule};
+use tessera_coordinator::fairshare::{QueueTree, fair_shares};
+use tessera_coordinator::model::{GpuRequest, GpuShare, Node, Pod, PodGroup, Queue, Snapshot};
+
+#[derive(Clone, Debug)]
+struct PodSpec {
+    queue: usize,
+    share: u8,
+    amount: u32,
+    count: u32,
+    cpu: u64,
+    prio: i32,
+    preemptible: bool,
+    group: Option<usize>,
+}
+
+fn pod_spec() -> impl Strategy<Value = PodSpec> {
+    (
+        prop::sample::select(vec![0usize, 0, 1, 1, 2, 2, 3]),
+        prop::sample::select(vec![0u8, 1, 1, 2, 2, 2, 3, 3, 4, 5]),
+        1..1000u32,
+        1..3u32,
+        0..6u64,
+        prop_oneof![Just(0), Just(50), Just(150)],
+        any::<bool>(),
+        prop::option::weighted(0.3, 0..3usize),
+    )
+        .prop_map(
+            |(queue, share, amount, count, cpu, prio, preemptible, group)| PodSpec {
+                queue,
+                share,
+                amount,
+                count,
+                cpu: cpu * 1000,
+                prio,
+                preemptible,
+                group,
+            },
+        )
+}
+
+fn build(nodes: &[(u32, bool)], limits: &[i32], specs: &[PodSpec], mins: &[u32]) -> Snapshot {
+    let mut s = Snapshot::at(1000).queue(Queue::new("root").gpu(0.0, 1.0, -1.0));
+    for (q, &l) in limits.iter().enumerate() {
+        let limit = if l < 0 { -1.0 } else { f64::from(l) };
+        s = s.queue(Queue::new(&format!("q{q}")).parent("root").gpu(
+            q as f64,
+            1.0 + q as f64,
+            limit,
+        ));
+    }
+    s = s.levels(&["rack"]);
+    for (i, &(g, big)) in nodes.iter().enumerate() {
+        let mem = if big { 80_000 } else { 16_000 };
+        s = s.node(
+            Node::gpu_node(&format!("n{i}"), g, "G", mem)
+                .with_cpu(16_000, 65_536)
+                .nvlink_islands(2)
+                .label("rack", &format!("r{}", i / 2)),
+        );
+    }
+    for (g, &m) in mins.iter().enumerate() {
+        let mut group = PodGroup::new(&format!("g{g}"), "q0", m);
+        match g {
+            0 => group = group.required("rack"),
+            1 => group = group.preferred("rack").max(m + 1),
+            _ => group.below_min_member_since = Some(0),
+        }
+        s = s.group(group);
+    }
+    for (i, p) in specs.iter().enumerate() {
+        let gpu = match p.share {
+            0 => GpuRequest {
+                count: 0,
+                per_gpu: GpuShare::Whole,
+            },
+            1 => GpuRequest {
+                count: p.count,
+                per_gpu: GpuShare::Whole,
+            },
+            2 => GpuRequest {
+                count: 1,
+                per_gpu: GpuShare::Fraction(p.amount),
+            },
+            3 => GpuRequest {
+                count: 1,
+                per_gpu: GpuShare::MemoryMib(u64::from(p.amount) * 16),
+            },
+            // Malformed inputs: fraction up to 2.0 (or 0), memory up to 200 GB, 9 GPUs.
+            4 => GpuRequest {
+                count: 1,
+                per_gpu: GpuShare::Fraction(p.amount * 2 % 2000),
+            },
+            _ => GpuRequest {
+                count: if p.amount % 7 == 0 { 9 } else { 1 },
+                per_gpu: GpuShare::MemoryMib(u64::from(p.amount) * 200),
+            },
+        };
+        let mut pod = Pod::new(
+            &format!("p{i:02}"),
+            &format!("q{}", if p.group.is_some() { 0 } else { p.queue }),
+        )
+        .cpu(p.cpu, 1024)
+        .priority(p.prio)
+        .preemptible(p.preemptible)
+        .created(i as u64);
+        pod.gpu = gpu;
+        if let Some(g) = p.group {
+            pod = pod.group(&format!("g{g}"));
+        }
+        s = s.pod(pod);
+    }
+    s
+}
+
+fn apply(s: &mut Snapshot, d: &Decisions) {
+    for b in &d.bindings {
+        let p = s.pods.iter_mut().find(|p| p.uid == b.pod).unwrap();
+        *p = p.clone().bound(&b.node, b.assignment.clone());
+    }
+    for e in &d.evictions {
+        s.pods
+            .iter_mut()
+            .find(|p| p.uid == e.pod)
+            .unwrap()
+            .placement = None;
+    }
+}
+
+/// Checks capacity on the state after applying `d` to `s`.
+fn check_capacity(s: &Snapshot) -> Result<(), TestCaseError> {
+    let mut cpu: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut gpu: BTreeMap<&str, (u32, u64)> = BTreeMap::new();
+    for p in &s.pods {
+        let Some(pl) = &p.placement else { continue };
+        *cpu.entry(pl.node.as_str()).or_default() += p.cpu_milli;
+        let n: u32 = pl.assignment.slices().count() as u32;
+        prop_assert_eq!(n, p.gpu.count, "pod {} got {} GPUs", p.uid, n);
+        for sl in pl.assignment.slices() {
+            let e = gpu.entry(sl.uuid.as_str()).or_default();
+            e.0 += sl.compute_milli;
+            e.1 += sl.memory_mib;
+        }
+    }
+    for n in &s.nodes {
+        prop_assert!(cpu.get(n.name.as_str()).copied().unwrap_or(0) <= n.cpu_milli);
+        for g in &n.gpus {
+            let (c, m) = gpu.get(g.uuid.as_str()).copied().unwrap_or((0, 0));
+            prop_assert!(c <= 1000, "GPU {} compute {}", g.uuid, c);
+            prop_assert!(m <= g.memory_mib, "GPU {} memory {}", g.uuid, m);
+        }
+    }
+    Ok(())
+}
+
+fn check_cycle(before: &Snapshot, d: &Decisions) -> Result<Snapshot, TestCaseError> {
+    let cfg = CycleConfig::default();
+    // Deterministic.
+    prop_assert_eq!(&schedule(before, &cfg), d);
+    // Non-preemptible pods are never evicted by reclaim/preempt/consolidate.
+    for e in &d.evictions {
+        let p = before.pods.iter().find(|p| p.uid == e.pod).unwrap();
+        prop_assert!(p.placement.is_some());
+        if !matches!(e.reason, EvictionReason::GangBelowMinMember) {
+            prop_assert!(p.preemptible, "non-preemptible {} evicted", p.uid);
+        }
+    }
+    let mut after = before.clone();
+    apply(&mut after, d);
+    // Every pod left pending is explained.
+    let explained: BTreeMap<&str, &str> = d
+        .pending
+        .iter()
+        .map(|p| (p.pod.as_str(), p.message.as_str()))
+        .collect();
+    for p in before.pods.iter().filter(|p| p.placement.is_none()) {
+        if !d.bindings.iter().any(|b| b.pod == p.uid) {
+            let m = explained.get(p.uid.as_str()).copied().unwrap_or("");
+            prop_assert!(!m.is_empty(), "pod {} pending without explanation", p.uid);
+        }
+    }
+    check_capacity(&after)?;
+    // No partial gang: a group that received bindings has at least minMember pods bound.
+    let bound_now: BTreeSet<&str> = d.bindings.iter().map(|b| b.pod.as_str()).collect();
+    for g in &after.groups {
+        let members: Vec<&Pod> = after
+            .pods
+            .iter()
+            .filter(|p| p.group.as_deref() == Some(g.name.as_str()))
+            .collect();
+        let got_new = members.iter().any(|p| bound_now.contains(p.uid.as_str()));
+        let bound = members.iter().filter(|p| p.placement.is_some()).count() as u32;
+        if got_new {
+            prop_assert!(
+                bound >= g.min_member,
+                "group {} partially bound: {} < {}",
+                g.name,
+                bound,
+                g.min_member
+            );
+        }
+    }
+    // A required topology level holds: all bound pods of the group share one rack.
+    for g in after
+        .groups
+        .iter()
+        .filter(|g| g.topology_required.is_some())
+    {
+        let racks: BTreeSet<&str> = after
+            .pods
+            .iter()
+            .filter(|p| p.group.as_deref() == Some(g.name.as_str()))
+            .filter_map(|p| p.placement.as_ref())
+            .map(|pl| {
+                let n = after.nodes.iter().find(|n| n.name == pl.node).unwrap();
+                n.labels["rack"].as_str()
+            })
+            .collect();
+        prop_assert!(racks.len() <= 1, "group {} spans racks {:?}", g.name, racks);
+    }
+    // Limits never exceeded.
+    for q in &after.queues {
+        if q.gpu.limit < 0.0 {
+            continue;
+        }
+        let used: u64 = after
+            .pods
+            .iter()
+            .filter(|p| p.queue == q.name)
+            .filter_map(|p| p.placement.as_ref())
+            .flat_map(|pl| pl.assignment.slices())
+            .map(|s| u64::from(s.compute_milli))
+            .sum();
+        prop_assert!(
+            used as f64 <= q.gpu.limit * 1000.0 + 1e-6,
+            "queue {} at {} over limit {}",
+            q.name,
+            used,
+            q.gpu.limit
+        );
+    }
+    Ok(after)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn invariants_hold_over_two_cycles(
+        nodes in prop::collection::vec((prop_oneof![Just(0u32), Just(1), Just(2), Just(4), Just(8)], any::<bool>()), 1..5),
+        limits in prop::collection::vec(prop_oneof![Just(-1i32), 0..6i32], 3),
+        first in prop::collection::vec(pod_spec(), 0..20),
+        second in prop::collection::vec(pod_spec(), 0..20),
+        mins in prop::collection::vec(1..4u32, 3),
+    ) {
+        let s1 = build(&nodes, &limits, &first, &mins);
+        let d1 = schedule(&s1, &CycleConfig::default());
+        let mut s2 = check_cycle(&s1, &d1)?;
+        // More work arrives, with different priorities: reclaim and preemption get exercised.
+        let extra = build(&nodes, &limits, &second, &mins);
+        for mut p in extra.pods {
+            p.uid = format!("x{}", p.uid);
+            p.name = p.uid.clone();
+            s2.pods.push(p);
+        }
+        let d2 = schedule(&s2, &CycleConfig::default());
+        check_cycle(&s2, &d2)?;
+    }
+
+    #[test]
+    fn fair_shares_sum_to_capacity_under_contention(
+        quotas in prop::collection::vec((0..50u32, 1..5u32, 0..2usize), 2..7),
+        cap in 1..200u32,
+    ) {
+        let mut qs = vec![Queue::new("p0").gpu(0.0, 1.0, -1.0), Queue::new("p1").gpu(0.0, 2.0, -1.0)];
+        for (i, &(q, w, parent)) in quotas.iter().enumerate() {
+            qs.push(Queue::new(&format!("l{i}")).parent(&format!("p{parent}")).gpu(f64::from(q), f64::from(w), -1.0));
+        }
+        let tree = QueueTree::build(&qs);
+        let capacity = [f64::from(cap) * 1000.0, 0.0, 0.0];
+        let demand: Vec<[f64; 3]> = qs.iter().map(|_| [1e12, 0.0, 0.0]).collect();
+        let shares = fair_shares(&tree, capacity, &demand);
+        let leaf_sum: f64 = (0..qs.len()).filter(|&i| tree.nodes[i].is_leaf() && tree.nodes[i].parent.is_some()).map(|i| shares[i].fair[0]).sum();
+        let empty_parents = (0..2).filter(|&i| tree.nodes[i].is_leaf()).map(|i| shares[i].fair[0]).sum::<f64>();
+        prop_assert!((leaf_sum + empty_parents - capacity[0]).abs() < 1e-6 * capacity[0].max(1.0), "sum {} vs {}", leaf_sum + empty_parents, capacity[0]);
+        for sh in &shares {
+            prop_assert!(sh.fair[0] + 1e-9 >= sh.deserved[0]);
+        }
+    }
+}

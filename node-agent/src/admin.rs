@@ -1,0 +1,417 @@
+//! The admin socket (`/var/run/tessera/agent.sock`, mode 0600) and the reports the
+//! `status` and `topology` commands print.
+//!
+//! Protocol: the client writes one request line (`status`, `topology`, or, with the
+//! simulated backend, `inject-xid <gpu-index> <xid>`), the agent answers with one JSON
+//! [`Response`] line and closes the connection.
+
+use std::fmt::Write as _;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+
+use crate::gpu::short_uuid;
+use crate::gpu::sim::SimBackend;
+use crate::node::Node;
+use crate::topology::PairLink;
+
+/// Failures of the admin socket, on either side.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// Socket I/O.
+    #[error("admin socket {path}: {source}")]
+    Io {
+        /// Socket path.
+        path: PathBuf,
+        /// Underlying error.
+        source: std::io::Error,
+    },
+    /// The agent answered something unreadable.
+    #[error("admin socket {path}: unreadable answer: {reason}")]
+    Protocol {
+        /// Socket path.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// The agent refused the request.
+    #[error("agent: {0}")]
+    Refused(String),
+}
+
+/// One pod's share of a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodShare {
+    /// `namespace/name`, or `-` while the kubelet has not said which pod it is.
+    pub pod: String,
+    /// Container name, or `-`.
+    pub container: String,
+    /// Compute share, percent of the GPU.
+    pub share_percent: u32,
+    /// Memory limit, MiB.
+    pub memory_limit_mib: u64,
+    /// Measured memory, MiB, when the pod's processes are known.
+    pub memory_used_mib: Option<u64>,
+    /// How the limits are enforced.
+    pub enforcement: String,
+    /// `assigned`, `whole` or `recovered`.
+    pub origin: String,
+}
+
+/// One GPU in the status report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuStatus {
+    /// NVML index.
+    pub index: u32,
+    /// UUID.
+    pub uuid: String,
+    /// Model.
+    pub model: String,
+    /// Memory in use (measured).
+    pub memory_used_mib: u64,
+    /// Total memory.
+    pub memory_total_mib: u64,
+    /// Utilisation, percent.
+    pub utilization_percent: u32,
+    /// Whether it is handed out.
+    pub healthy: bool,
+    /// The fatal XID, when unhealthy.
+    pub xid: Option<u64>,
+    /// MIG profiles when the GPU is in MIG mode.
+    pub mig: Option<Vec<String>>,
+    /// Slots held (all of them when held whole).
+    pub shares_used: u32,
+    /// Slots advertised (0 in MIG mode).
+    pub shares_total: u32,
+    /// Indexes of NVLink peers.
+    pub nvlink_peers: Vec<u32>,
+    /// Holders.
+    pub pods: Vec<PodShare>,
+}
+
+/// `tessera-agent status --json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusReport {
+    /// Node name.
+    pub node: String,
+    /// GPU backend (`nvml`, `sim`).
+    pub backend: String,
+    /// Where assignments come from (`none`, `kube`, …).
+    pub assignments: String,
+    /// GPUs.
+    pub gpus: Vec<GpuStatus>,
+}
+
+/// `tessera-agent topology --json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopologyReport {
+    /// GPU indexes in matrix order.
+    pub gpus: Vec<u32>,
+    /// Cell labels (`X` on the diagonal).
+    pub matrix: Vec<Vec<String>>,
+    /// The matrix as printed.
+    pub text: String,
+}
+
+/// The answer to one request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Response {
+    /// `status`.
+    Status(StatusReport),
+    /// `topology`.
+    Topology(TopologyReport),
+    /// A command that only acknowledges.
+    Done,
+    /// The request failed.
+    Error(String),
+}
+
+/// What the server needs.
+pub struct AdminContext {
+    /// The node.
+    pub node: Arc<Node>,
+    /// Node name.
+    pub node_name: String,
+    /// Assignment source kind.
+    pub assignments: String,
+    /// The simulated backend, for `inject-xid`.
+    pub sim: Option<Arc<SimBackend>>,
+}
+
+impl AdminContext {
+    /// Builds the status report, sampling every GPU now.
+    pub fn status(&self) -> StatusReport {
+        let node = &self.node;
+        let shares = node.options().shares_per_gpu;
+        let ledger = node.ledger.lock();
+        let topology = node.topology();
+        let gpus = node
+            .devices()
+            .iter()
+            .enumerate()
+            .map(|(pos, d)| {
+                let sample = node.backend().sample(&d.uuid).unwrap_or_default();
+                let health = node.health(&d.uuid);
+                let mig_uuids: Vec<&str> =
+                    d.mig.iter().flatten().map(|m| m.uuid.as_str()).collect();
+                let mut pods = Vec::new();
+                let mut used = 0;
+                for a in ledger.allocations() {
+                    for g in a
+                        .grants
+                        .iter()
+                        .filter(|g| g.uuid == d.uuid || mig_uuids.contains(&g.uuid.as_str()))
+                    {
+                        used += if a.is_whole() { shares } else { 1 };
+                        pods.push(PodShare {
+                            pod: a
+                                .pod
+                                .as_ref()
+                                .map_or_else(|| "-".to_owned(), ToString::to_string),
+                            container: a.container.clone().unwrap_or_else(|| "-".to_owned()),
+                            share_percent: g.compute_milli.div_ceil(10),
+                            memory_limit_mib: g.memory_mib,
+                            // Mapping processes to pods needs the cgroup watchdog.
+                            memory_used_mib: None,
+                            enforcement: "none".to_owned(),
+                            origin: serde_json::to_value(a.origin)
+                                .ok()
+                                .and_then(|v| v.as_str().map(str::to_owned))
+                                .unwrap_or_default(),
+                        });
+                    }
+                }
+                GpuStatus {
+                    index: d.index,
+                    uuid: d.uuid.clone(),
+                    model: d.model.clone(),
+                    memory_used_mib: sample.memory_used_mib,
+                    memory_total_mib: d.memory_total_mib,
+                    utilization_percent: sample.utilization_percent,
+                    healthy: health.healthy,
+                    xid: health.xid,
+                    mig: d
+                        .mig
+                        .as_ref()
+                        .map(|m| m.iter().map(|x| x.profile.clone()).collect()),
+                    shares_used: if d.mig.is_some() { 0 } else { used.min(shares) },
+                    shares_total: if d.mig.is_some() { 0 } else { shares },
+                    nvlink_peers: topology
+                        .nvlink_peers(pos)
+                        .into_iter()
+                        .map(|p| topology.gpus()[p].index)
+                        .collect(),
+                    pods,
+                }
+            })
+            .collect();
+        StatusReport {
+            node: self.node_name.clone(),
+            backend: node.backend().kind().to_owned(),
+            assignments: self.assignments.clone(),
+            gpus,
+        }
+    }
+
+    /// Builds the topology report.
+    pub fn topology(&self) -> TopologyReport {
+        let t = self.node.topology();
+        let matrix = (0..t.len())
+            .map(|i| {
+                (0..t.len())
+                    .map(|j| {
+                        if i == j {
+                            "X".to_owned()
+                        } else {
+                            PairLink::label(&t.pair(i, j))
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        TopologyReport {
+            gpus: t.gpus().iter().map(|g| g.index).collect(),
+            matrix,
+            text: t.render(),
+        }
+    }
+
+    fn handle(&self, line: &str) -> Response {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["status"] => Response::Status(self.status()),
+            ["topology"] => Response::Topology(self.topology()),
+            ["inject-xid", gpu, xid] => {
+                let Some(sim) = &self.sim else {
+                    return Response::Error(
+                        "inject-xid needs the simulated GPU backend (--gpu-backend sim:FILE)"
+                            .into(),
+                    );
+                };
+                let (Ok(gpu), Ok(xid)) = (gpu.parse::<u32>(), xid.parse::<u64>()) else {
+                    return Response::Error(
+                        "usage: inject-xid <gpu-index> <xid>, both numbers".into(),
+                    );
+                };
+                match sim.uuid_of(gpu).map(str::to_owned) {
+                    Some(uuid) => match sim.inject_xid(&uuid, xid) {
+                        Ok(()) => Response::Done,
+                        Err(e) => Response::Error(e.to_string()),
+                    },
+                    None => Response::Error(format!("no GPU with index {gpu}")),
+                }
+            }
+            _ => Response::Error(format!(
+                "unknown request {line:?}; expected `status`, `topology` or `inject-xid <gpu> <xid>`"
+            )),
+        }
+    }
+}
+
+/// Binds the admin socket with mode 0600 (only root, or the agent's user, may talk to it).
+pub fn bind(path: &Path) -> Result<UnixListener, AdminError> {
+    let io = |source| AdminError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
+    }
+    let listener = UnixListener::bind(path).map_err(io)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
+    Ok(listener)
+}
+
+/// Serves requests until the task is dropped.
+pub async fn serve(listener: UnixListener, ctx: Arc<AdminContext>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let ctx = Arc::clone(&ctx);
+        tokio::spawn(async move {
+            let (read, mut write) = stream.into_split();
+            let mut line = String::new();
+            if BufReader::new(read).read_line(&mut line).await.is_err() {
+                return;
+            }
+            let response = ctx.handle(line.trim());
+            // Serialising these plain types cannot fail.
+            let mut text = serde_json::to_string(&response).unwrap_or_default();
+            text.push('\n');
+            let _ = write.write_all(text.as_bytes()).await;
+        });
+    }
+}
+
+/// Sends one request to the agent at `path`.
+pub async fn request(path: &Path, line: &str) -> Result<Response, AdminError> {
+    let io = |source| AdminError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut stream = UnixStream::connect(path).await.map_err(io)?;
+    stream
+        .write_all(format!("{line}\n").as_bytes())
+        .await
+        .map_err(io)?;
+    let mut answer = String::new();
+    BufReader::new(stream)
+        .read_line(&mut answer)
+        .await
+        .map_err(io)?;
+    let response: Response = serde_json::from_str(&answer).map_err(|e| AdminError::Protocol {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    match response {
+        Response::Error(e) => Err(AdminError::Refused(e)),
+        other => Ok(other),
+    }
+}
+
+/// The status report as a table: one row per GPU, one indented row per pod share.
+pub fn render_status(report: &StatusReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "node {}   gpu backend {}   assignments {}",
+        report.node, report.backend, report.assignments
+    );
+    let _ = writeln!(
+        out,
+        "{:<4} {:<9} {:<22} {:>17} {:>5} {:<14} {:>7}  NVLINK",
+        "GPU", "UUID", "MODEL", "MEMORY MiB", "UTIL", "HEALTH", "SHARES"
+    );
+    for g in &report.gpus {
+        let health = match (g.healthy, g.xid) {
+            (true, _) => "healthy".to_owned(),
+            (false, Some(x)) => format!("unhealthy:{x}"),
+            (false, None) => "unhealthy".to_owned(),
+        };
+        let shares = match &g.mig {
+            Some(_) => "mig".to_owned(),
+            None => format!("{}/{}", g.shares_used, g.shares_total),
+        };
+        let peers = if g.nvlink_peers.is_empty() {
+            "-".to_owned()
+        } else {
+            g.nvlink_peers
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let _ = writeln!(
+            out,
+            "{:<4} {:<9} {:<22} {:>17} {:>4}% {:<14} {:>7}  {}",
+            g.index,
+            short_uuid(&g.uuid),
+            truncate(&g.model, 22),
+            format!("{}/{}", g.memory_used_mib, g.memory_total_mib),
+            g.utilization_percent,
+            health,
+            shares,
+            peers
+        );
+        if let Some(profiles) = &g.mig {
+            let _ = writeln!(out, "     mig: {}", profiles.join(", "));
+        }
+        for p in &g.pods {
+            let used = p
+                .memory_used_mib
+                .map_or_else(|| "-".to_owned(), |m| m.to_string());
+            let _ = writeln!(
+                out,
+                "     {:<32} share {:>3}%  limit {:>6} MiB  used {:>6} MiB  enforce {}  ({})",
+                truncate(&format!("{} [{}]", p.pod, p.container), 32),
+                p.share_percent,
+                p.memory_limit_mib,
+                used,
+                p.enforcement,
+                p.origin
+            );
+        }
+    }
+    out
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_owned()
+    } else {
+        let mut t: String = s.chars().take(n - 1).collect();
+        t.push('…');
+        t
+    }
+}

@@ -1,0 +1,284 @@
+//! Wires the pieces into a running agent: inventory → node state → ledger recovery →
+//! device-plugin servers, the XID watcher, the periodic reconcile and the admin socket.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tessera_device_plugin::{PluginConfig, PluginError, PluginServer, run_all};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::admin::{self, AdminContext, AdminError};
+use crate::assignments::AssignmentSource;
+use crate::gpu::{Backend, GpuError};
+use crate::ledger::{Ledger, LedgerError};
+use crate::node::{GPU_RESOURCE, Node, NodeOptions, mig_resource};
+use crate::plugin::{GpuPlugin, MigPlugin};
+use crate::reconcile::reconcile_once;
+
+/// Why the agent could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// GPU discovery failed.
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    /// The checkpoint could not be opened.
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    /// The admin socket could not be served.
+    #[error(transparent)]
+    Admin(#[from] AdminError),
+    /// A device-plugin server failed.
+    #[error(transparent)]
+    Plugin(#[from] PluginError),
+    /// The metrics port could not be bound.
+    #[error("cannot serve metrics on {addr}: {source}")]
+    Metrics {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Underlying error.
+        source: std::io::Error,
+    },
+    /// The run task panicked or was cancelled.
+    #[error("agent task ended abnormally: {0}")]
+    Task(String),
+}
+
+/// Everything `tessera-agent run` configures.
+pub struct AgentConfig {
+    /// This node's name.
+    pub node_name: String,
+    /// The GPU backend.
+    pub backend: Backend,
+    /// The kubelet's device-plugin directory.
+    pub device_plugin_dir: PathBuf,
+    /// The kubelet's pod-resources socket.
+    pub pod_resources_socket: PathBuf,
+    /// Where the ledger checkpoint lives.
+    pub state_dir: PathBuf,
+    /// The admin socket, if any.
+    pub admin_socket: Option<PathBuf>,
+    /// Slots and answer format.
+    pub options: NodeOptions,
+    /// Where assignments come from.
+    pub source: Arc<dyn AssignmentSource>,
+    /// How often to reconcile with pod-resources.
+    pub reconcile_every: Duration,
+    /// How long a fresh allocation may be missing from pod-resources before release.
+    pub reconcile_grace: Duration,
+    /// Where to serve `/metrics` and `/healthz` (`None`: nowhere).
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// The coordinator endpoint (`http://host:port`), if reporting.
+    pub coordinator: Option<String>,
+}
+
+/// A running agent.
+pub struct Agent {
+    node: Arc<Node>,
+    stop: watch::Sender<bool>,
+    /// Cleared on drop: the XID thread is a blocking task that the runtime would
+    /// otherwise wait for forever when it shuts down.
+    watching: Arc<AtomicBool>,
+    task: Option<JoinHandle<Result<(), AgentError>>>,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.watching.store(false, Ordering::Relaxed);
+        let _ = self.stop.send(true);
+    }
+}
+
+impl Agent {
+    /// Discovers the GPUs, recovers the ledger and starts serving.
+    pub async fn start(config: AgentConfig) -> Result<Self, AgentError> {
+        let ledger = Ledger::open(&config.state_dir)?;
+        let backend = config.backend.as_dyn();
+        let node = Arc::new(Node::new(Arc::clone(&backend), ledger, config.options)?);
+        tracing::info!(
+            node = %config.node_name,
+            backend = backend.kind(),
+            gpus = node.devices().len(),
+            recovered = node.ledger.lock().allocations().len(),
+            "GPU inventory read"
+        );
+        let grace_ms = config.reconcile_grace.as_millis() as u64;
+        if config.pod_resources_socket.exists() {
+            if let Err(error) = reconcile_once(
+                &node,
+                config.source.as_ref(),
+                &config.pod_resources_socket,
+                grace_ms,
+            )
+            .await
+            {
+                tracing::warn!(%error, "initial reconcile with the kubelet failed; keeping the checkpoint");
+            }
+        } else {
+            tracing::info!(path = %config.pod_resources_socket.display(), "no pod-resources socket; skipping reconcile");
+        }
+
+        let metrics_listener = match config.metrics_addr {
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| AgentError::Metrics { addr, source })?,
+            ),
+            None => None,
+        };
+        let admin_listener = match &config.admin_socket {
+            Some(path) => Some(admin::bind(path)?),
+            None => None,
+        };
+
+        let mut servers = vec![PluginServer::new(
+            PluginConfig::new(GPU_RESOURCE)?.with_socket_dir(&config.device_plugin_dir),
+            GpuPlugin::new(Arc::clone(&node), Arc::clone(&config.source)),
+        )];
+        for profile in node.mig_lists().keys() {
+            servers.push(PluginServer::new(
+                PluginConfig::new(mig_resource(profile))?
+                    .with_socket_dir(&config.device_plugin_dir),
+                MigPlugin::new(Arc::clone(&node), profile.clone()),
+            ));
+        }
+
+        let (stop, stop_rx) = watch::channel(false);
+        let watching = Arc::new(AtomicBool::new(true));
+        let task = tokio::spawn(run(
+            config,
+            Arc::clone(&node),
+            servers,
+            admin_listener,
+            metrics_listener,
+            stop_rx,
+            Arc::clone(&watching),
+        ));
+        Ok(Self {
+            node,
+            stop,
+            watching,
+            task: Some(task),
+        })
+    }
+
+    /// The node state (ledger, health, inventory).
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+
+    /// Stops serving (plugin sockets removed) and waits for it.
+    pub async fn stop(self) -> Result<(), AgentError> {
+        let _ = self.stop.send(true);
+        self.wait().await
+    }
+
+    /// Runs until a device-plugin server fails or a [`Agent::stopper`] says stop.
+    pub async fn wait(mut self) -> Result<(), AgentError> {
+        match self.task.take() {
+            Some(task) => task.await.map_err(|e| AgentError::Task(e.to_string()))?,
+            None => Ok(()),
+        }
+    }
+
+    /// A handle that makes [`Agent::wait`] return cleanly.
+    pub fn stopper(&self) -> watch::Sender<bool> {
+        self.stop.clone()
+    }
+}
+
+async fn run(
+    config: AgentConfig,
+    node: Arc<Node>,
+    servers: Vec<PluginServer>,
+    admin_listener: Option<tokio::net::UnixListener>,
+    metrics_listener: Option<tokio::net::TcpListener>,
+    mut stop: watch::Receiver<bool>,
+    watching: Arc<AtomicBool>,
+) -> Result<(), AgentError> {
+    let mut background: Vec<JoinHandle<()>> = Vec::new();
+
+    // XID watcher: the backend's wait blocks, so it gets its own thread.
+    let xid_thread = {
+        let node = Arc::clone(&node);
+        let watching = Arc::clone(&watching);
+        tokio::task::spawn_blocking(move || {
+            while watching.load(Ordering::Relaxed) {
+                match node.backend().wait_event(Duration::from_millis(200)) {
+                    Ok(Some(event)) => {
+                        node.on_xid(&event);
+                    }
+                    Ok(None) => {}
+                    Err(error) => {
+                        tracing::warn!(%error, "XID watch failed; retrying");
+                        std::thread::sleep(Duration::from_secs(1));
+                    }
+                }
+            }
+        })
+    };
+
+    if let Some(endpoint) = config.coordinator.clone() {
+        background.push(tokio::spawn(crate::report::run(
+            endpoint,
+            Arc::clone(&node),
+            config.node_name.clone(),
+        )));
+    }
+
+    if let Some(listener) = metrics_listener {
+        background.push(tokio::spawn(crate::metrics::serve(
+            listener,
+            Arc::clone(&node),
+        )));
+    }
+
+    if let Some(listener) = admin_listener {
+        let ctx = Arc::new(AdminContext {
+            node: Arc::clone(&node),
+            node_name: config.node_name.clone(),
+            assignments: config.source.kind().to_owned(),
+            sim: config.backend.sim().cloned(),
+        });
+        background.push(tokio::spawn(admin::serve(listener, ctx)));
+    }
+
+    {
+        let node = Arc::clone(&node);
+        let source = Arc::clone(&config.source);
+        let socket = config.pod_resources_socket.clone();
+        let every = config.reconcile_every;
+        let grace_ms = config.reconcile_grace.as_millis() as u64;
+        background.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                if !socket.exists() {
+                    continue;
+                }
+                if let Err(error) = reconcile_once(&node, source.as_ref(), &socket, grace_ms).await
+                {
+                    tracing::warn!(%error, "periodic reconcile failed");
+                }
+            }
+        }));
+    }
+
+    let result = run_all(servers, async move {
+        let _ = stop.wait_for(|s| *s).await;
+    })
+    .await;
+
+    watching.store(false, Ordering::Relaxed);
+    for task in background {
+        task.abort();
+    }
+    let _ = xid_thread.await;
+    if let Some(path) = &config.admin_socket {
+        let _ = std::fs::remove_file(path);
+    }
+    result.map_err(AgentError::from)
+}

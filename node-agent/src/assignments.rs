@@ -1,0 +1,282 @@
+//! Where the coordinator's decisions come from.
+//!
+//! The coordinator writes `tessera.dev/assignment` on each pod it binds: per container,
+//! the GPU UUIDs and the memory / compute share on each (the JSON form below matches
+//! the coordinator's `model::pod::Assignment`). An [`AssignmentSource`] lists the pods
+//! bound to this node that still wait for their GPUs, so the device plugin can steer
+//! the kubelet to their slots and answer `Allocate` with exactly their share.
+//! `--no-kube` uses [`NoAssignments`]: every request then gets whole free GPUs.
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use crate::ledger::PodRef;
+
+/// Annotation the coordinator writes with the [`Assignment`] JSON.
+pub const ASSIGNMENT_ANNOTATION: &str = "tessera.dev/assignment";
+/// Annotation the agent writes once the kubelet allocated the pod's GPUs.
+pub const ALLOCATED_ANNOTATION: &str = "tessera.dev/allocated";
+
+/// One GPU (or a share of one) assigned to a container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuSlice {
+    /// GPU UUID.
+    pub uuid: String,
+    /// Memory limit on it, MiB.
+    pub memory_mib: u64,
+    /// Compute share on it, milli-GPU (1000 = whole).
+    pub compute_milli: u32,
+}
+
+/// The GPUs of one container.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerAssignment {
+    /// Container name.
+    pub container: String,
+    /// Its GPUs.
+    pub gpus: Vec<GpuSlice>,
+}
+
+/// The value of `tessera.dev/assignment`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assignment {
+    /// Per container.
+    pub containers: Vec<ContainerAssignment>,
+}
+
+impl Assignment {
+    /// Parses the annotation, checking what the agent relies on.
+    pub fn from_json(text: &str) -> Result<Self, String> {
+        let a: Assignment = serde_json::from_str(text).map_err(|e| {
+            format!(
+                "{ASSIGNMENT_ANNOTATION}: {e}; expected {{\"containers\":[{{\"container\":NAME,\"gpus\":[{{\"uuid\":UUID,\"memory_mib\":N,\"compute_milli\":1..1000}}]}}]}}"
+            )
+        })?;
+        for c in &a.containers {
+            for g in &c.gpus {
+                if g.compute_milli == 0 || g.compute_milli > 1000 {
+                    return Err(format!(
+                        "{ASSIGNMENT_ANNOTATION}: container {:?} GPU {}: compute_milli {} is outside 1..=1000",
+                        c.container, g.uuid, g.compute_milli
+                    ));
+                }
+            }
+        }
+        Ok(a)
+    }
+
+    /// The annotation text.
+    pub fn to_json(&self) -> String {
+        // Serialising plain strings and integers cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+/// A container of a pending pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingContainer {
+    /// Container name.
+    pub name: String,
+    /// How many `nvidia.com/gpu` slots it requests (its limit).
+    pub slots: u32,
+    /// Its assigned GPUs; `None` for pods without a Tessera assignment.
+    pub gpus: Option<Vec<GpuSlice>>,
+}
+
+/// A pod bound to this node that requests `nvidia.com/gpu`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingPod {
+    /// The pod.
+    pub pod: PodRef,
+    /// Creation time (ms since epoch): the kubelet admits pods oldest first, so ties
+    /// between indistinguishable requests go to the oldest pod.
+    pub created_unix_ms: u64,
+    /// Containers requesting GPUs.
+    pub containers: Vec<PendingContainer>,
+}
+
+/// A source of assignments for this node's pods.
+pub trait AssignmentSource: Send + Sync + 'static {
+    /// `none`, `static`, `kube`.
+    fn kind(&self) -> &'static str;
+
+    /// Pods bound to this node that request `nvidia.com/gpu` and are not yet marked
+    /// allocated, oldest first.
+    fn pending(&self) -> Vec<PendingPod>;
+
+    /// Records that `container` of `pod` got its GPUs (writes `tessera.dev/allocated`).
+    fn mark_allocated(&self, pod: &PodRef, container: &str);
+
+    /// The assignment of `pod`, if it has one (used when re-learning allocations).
+    fn assignment_of(&self, pod: &PodRef) -> Option<Assignment> {
+        let _ = pod;
+        None
+    }
+}
+
+/// `--no-kube`: no cluster, no assignments; every request gets whole free GPUs.
+#[derive(Debug, Default)]
+pub struct NoAssignments;
+
+impl AssignmentSource for NoAssignments {
+    fn kind(&self) -> &'static str {
+        "none"
+    }
+
+    fn pending(&self) -> Vec<PendingPod> {
+        Vec::new()
+    }
+
+    fn mark_allocated(&self, _pod: &PodRef, _container: &str) {}
+}
+
+/// Assignments held in memory and set by the caller: for tests and demos that play
+/// the coordinator without a cluster.
+#[derive(Debug, Default)]
+pub struct StaticAssignments {
+    inner: Mutex<StaticInner>,
+}
+
+#[derive(Debug, Default)]
+struct StaticInner {
+    pods: Vec<PendingPod>,
+    assignments: Vec<(PodRef, Assignment)>,
+    allocated: Vec<(PodRef, String)>,
+}
+
+impl StaticAssignments {
+    /// An empty source.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a pod bound to this node whose containers request `slots` each and carry
+    /// `assignment` (containers are matched by name; a container missing from it has
+    /// no assignment).
+    pub fn bind(
+        &self,
+        pod: PodRef,
+        created_unix_ms: u64,
+        slots: &[(&str, u32)],
+        assignment: Option<Assignment>,
+    ) {
+        let containers = slots
+            .iter()
+            .map(|(name, n)| PendingContainer {
+                name: (*name).to_owned(),
+                slots: *n,
+                gpus: assignment.as_ref().and_then(|a| {
+                    a.containers
+                        .iter()
+                        .find(|c| c.container == *name)
+                        .map(|c| c.gpus.clone())
+                }),
+            })
+            .collect();
+        let mut inner = self.inner.lock();
+        if let Some(a) = assignment {
+            inner.assignments.push((pod.clone(), a));
+        }
+        inner.pods.push(PendingPod {
+            pod,
+            created_unix_ms,
+            containers,
+        });
+    }
+
+    /// Every `(pod, container)` marked allocated so far, in order.
+    pub fn allocated(&self) -> Vec<(PodRef, String)> {
+        self.inner.lock().allocated.clone()
+    }
+}
+
+impl AssignmentSource for StaticAssignments {
+    fn kind(&self) -> &'static str {
+        "static"
+    }
+
+    fn pending(&self) -> Vec<PendingPod> {
+        let inner = self.inner.lock();
+        let mut pods: Vec<PendingPod> = inner
+            .pods
+            .iter()
+            .filter_map(|p| {
+                let containers: Vec<PendingContainer> = p
+                    .containers
+                    .iter()
+                    .filter(|c| {
+                        !inner
+                            .allocated
+                            .iter()
+                            .any(|(pod, name)| *pod == p.pod && *name == c.name)
+                    })
+                    .cloned()
+                    .collect();
+                (!containers.is_empty()).then(|| PendingPod {
+                    containers,
+                    ..p.clone()
+                })
+            })
+            .collect();
+        pods.sort_by(|a, b| (a.created_unix_ms, &a.pod).cmp(&(b.created_unix_ms, &b.pod)));
+        pods
+    }
+
+    fn mark_allocated(&self, pod: &PodRef, container: &str) {
+        self.inner
+            .lock()
+            .allocated
+            .push((pod.clone(), container.to_owned()));
+    }
+
+    fn assignment_of(&self, pod: &PodRef) -> Option<Assignment> {
+        self.inner
+            .lock()
+            .assignments
+            .iter()
+            .find(|(p, _)| p == pod)
+            .map(|(_, a)| a.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn annotation_round_trips_in_the_coordinators_form() {
+        let text = r#"{"containers":[{"container":"main","gpus":[{"uuid":"GPU-a","memory_mib":20480,"compute_milli":500}]}]}"#;
+        let a = Assignment::from_json(text).unwrap();
+        assert_eq!(a.containers[0].gpus[0].compute_milli, 500);
+        assert_eq!(a.to_json(), text);
+    }
+
+    #[test]
+    fn bad_annotation_names_field_and_form() {
+        let err = Assignment::from_json("{}x").unwrap_err();
+        assert!(
+            err.starts_with("tessera.dev/assignment: ") && err.contains("expected"),
+            "{err}"
+        );
+        let err = Assignment::from_json(
+            r#"{"containers":[{"container":"c","gpus":[{"uuid":"GPU-a","memory_mib":1,"compute_milli":1500}]}]}"#,
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("compute_milli 1500 is outside 1..=1000"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn static_source_drops_allocated_containers() {
+        let s = StaticAssignments::new();
+        s.bind(PodRef::new("ns", "b"), 2, &[("c", 1)], None);
+        s.bind(PodRef::new("ns", "a"), 1, &[("c", 1), ("d", 2)], None);
+        assert_eq!(s.pending()[0].pod.name, "a");
+        s.mark_allocated(&PodRef::new("ns", "a"), "c");
+        assert_eq!(s.pending()[0].containers.len(), 1);
+        s.mark_allocated(&PodRef::new("ns", "a"), "d");
+        assert_eq!(s.pending().len(), 1);
+    }
+}

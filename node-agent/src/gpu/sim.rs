@@ -1,0 +1,439 @@
+//! A simulated GPU machine read from a `hack/gpus/*.yaml` shape (format in
+//! `hack/gpus/README.md`). Tests and demos drive it at runtime: processes with memory
+//! and utilisation come and go, XID faults are injected, and the agent sees them
+//! through the same [`GpuBackend`] trait as real hardware.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::Path;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+use serde::Deserialize;
+
+use super::{
+    GpuBackend, GpuDevice, GpuError, GpuProcess, GpuSample, LinkPeer, MigDevice, NvLink,
+    PcieRelation, XidEvent,
+};
+
+/// The YAML file, in the format of `hack/gpus/README.md`. Fields the agent does not
+/// need (`description`, `cpu_milli`, `memory_mib`, MIG `compute_milli`) are accepted and
+/// ignored; `uuid`, `pcie_switch` and `nvswitch_links` are optional agent-only extras.
+#[derive(Debug, Deserialize)]
+struct ShapeFile {
+    name: Option<String>,
+    gpus: Vec<GpuEntry>,
+    #[serde(default)]
+    nvswitch: bool,
+    /// NVLinks per GPU into the switch fabric (default 18, as on H100 SXM).
+    nvswitch_links: Option<u32>,
+    #[serde(default)]
+    nvlinks: Vec<NvLinkEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+struct GpuEntry {
+    model: String,
+    memory_mib: u64,
+    #[serde(default)]
+    numa: u32,
+    pci_bus_id: Option<String>,
+    uuid: Option<String>,
+    pcie_switch: Option<u32>,
+    mig: Option<Vec<MigInstanceEntry>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct MigInstanceEntry {
+    profile: String,
+    memory_mib: u64,
+    uuid: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct NvLinkEntry {
+    a: u32,
+    b: u32,
+    #[serde(default = "one")]
+    links: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// PCIe placement of one simulated GPU.
+#[derive(Debug, Clone, Copy)]
+struct PciePlace {
+    numa: Option<u32>,
+    switch: u32,
+}
+
+#[derive(Debug, Default)]
+struct Live {
+    /// Processes per GPU uuid.
+    processes: HashMap<String, Vec<GpuProcess>>,
+    /// Pending XID events, oldest first.
+    events: VecDeque<XidEvent>,
+}
+
+/// A simulated GPU machine.
+#[derive(Debug)]
+pub struct SimBackend {
+    name: String,
+    devices: Vec<GpuDevice>,
+    pcie: Vec<PciePlace>,
+    live: Mutex<Live>,
+    event_ready: Condvar,
+}
+
+/// PCI bus id the simulated NVSwitches report as the far end of switch links.
+const SWITCH_PCI_BUS_ID: &str = "0000:e0:00.0";
+
+impl SimBackend {
+    /// Reads a shape file.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, GpuError> {
+        let path = path.as_ref();
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| GpuError::SimFile {
+            path: shown.clone(),
+            reason: e.to_string(),
+        })?;
+        let stem = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "sim".to_owned());
+        Self::from_yaml(&text, &stem).map_err(|reason| GpuError::SimFile {
+            path: shown,
+            reason,
+        })
+    }
+
+    /// Parses a shape from YAML text; `default_name` is used when the file has no `name`.
+    pub fn from_yaml(text: &str, default_name: &str) -> Result<Self, String> {
+        let file: ShapeFile = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
+        let name = file.name.unwrap_or_else(|| default_name.to_owned());
+        if file.gpus.is_empty() {
+            return Err("gpus: at least one GPU is required".to_owned());
+        }
+        let count = file.gpus.len() as u32;
+        let mut devices = Vec::with_capacity(file.gpus.len());
+        let mut pcie = Vec::with_capacity(file.gpus.len());
+        for (pos, gpu) in file.gpus.iter().enumerate() {
+            let pos = pos as u32;
+            if gpu.memory_mib == 0 {
+                return Err(format!(
+                    "gpus[{pos}].memory_mib: must be a positive number of MiB"
+                ));
+            }
+            let uuid = gpu
+                .uuid
+                .clone()
+                .unwrap_or_else(|| derived_uuid("GPU", &format!("{name}/{pos}")));
+            let mig = match &gpu.mig {
+                None => None,
+                Some(mig) => {
+                    let mut instances = Vec::new();
+                    for (k, inst) in mig.iter().enumerate() {
+                        if inst.profile.is_empty()
+                            || !inst
+                                .profile
+                                .chars()
+                                .all(|c| c.is_ascii_alphanumeric() || c == '.')
+                        {
+                            return Err(format!(
+                                "gpus[{pos}].mig[{k}].profile: {:?} is not a MIG profile like `1g.5gb`",
+                                inst.profile
+                            ));
+                        }
+                        instances.push(MigDevice {
+                            uuid: inst
+                                .uuid
+                                .clone()
+                                .unwrap_or_else(|| derived_uuid("MIG", &format!("{uuid}/{k}"))),
+                            profile: inst.profile.clone(),
+                            memory_total_mib: inst.memory_mib,
+                        });
+                    }
+                    Some(instances)
+                }
+            };
+            devices.push(GpuDevice {
+                index: pos,
+                uuid,
+                model: gpu.model.clone(),
+                memory_total_mib: gpu.memory_mib,
+                numa_node: Some(gpu.numa),
+                pci_bus_id: gpu
+                    .pci_bus_id
+                    .clone()
+                    .unwrap_or_else(|| format!("0000:{:02x}:00.0", (0x10 + pos * 8) % 0xe0)),
+                nvlinks: Vec::new(),
+                mig,
+            });
+            pcie.push(PciePlace {
+                numa: Some(gpu.numa),
+                // A GPU without a declared switch sits alone behind its own.
+                switch: gpu.pcie_switch.unwrap_or(10_000 + pos),
+            });
+        }
+        for (k, link) in file.nvlinks.iter().enumerate() {
+            let (a, b) = (link.a, link.b);
+            for (field, g) in [("a", a), ("b", b)] {
+                if g >= count {
+                    return Err(format!(
+                        "nvlinks[{k}].{field}: GPU index {g} does not exist (indexes are 0-{})",
+                        count - 1
+                    ));
+                }
+            }
+            if a == b {
+                return Err(format!(
+                    "nvlinks[{k}]: a link joins two different GPUs, got a = b = {a}"
+                ));
+            }
+            for (from, to) in [(a, b), (b, a)] {
+                let remote = devices[to as usize].pci_bus_id.clone();
+                let links = &mut devices[from as usize].nvlinks;
+                for _ in 0..link.links {
+                    let n = links.len() as u32;
+                    links.push(NvLink {
+                        link: n,
+                        remote_pci_bus_id: remote.clone(),
+                        remote: LinkPeer::Gpu,
+                    });
+                }
+            }
+        }
+        if file.nvswitch {
+            let per_gpu = file.nvswitch_links.unwrap_or(18);
+            for device in &mut devices {
+                // Switch links replace direct bridges, as on real NVSwitch systems.
+                device.nvlinks.clear();
+                for _ in 0..per_gpu {
+                    let n = device.nvlinks.len() as u32;
+                    device.nvlinks.push(NvLink {
+                        link: n,
+                        remote_pci_bus_id: SWITCH_PCI_BUS_ID.to_owned(),
+                        remote: LinkPeer::Switch,
+                    });
+                }
+            }
+        }
+        Ok(Self {
+            name,
+            devices,
+            pcie,
+            live: Mutex::new(Live::default()),
+            event_ready: Condvar::new(),
+        })
+    }
+
+    /// The shape's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// UUID of the GPU with `index`.
+    pub fn uuid_of(&self, index: u32) -> Option<&str> {
+        self.devices.get(index as usize).map(|d| d.uuid.as_str())
+    }
+
+    /// Index of the GPU with `uuid` (`u32::MAX` when there is none; for tests).
+    pub fn devices_index(&self, uuid: &str) -> u32 {
+        self.check(uuid).map_or(u32::MAX, |i| i as u32)
+    }
+
+    fn check(&self, uuid: &str) -> Result<usize, GpuError> {
+        self.devices
+            .iter()
+            .position(|d| d.uuid == uuid)
+            .ok_or_else(|| GpuError::UnknownGpu(uuid.to_owned()))
+    }
+
+    /// Starts or updates process `pid` on GPU `uuid`.
+    pub fn set_process(
+        &self,
+        uuid: &str,
+        pid: u32,
+        memory_used_mib: u64,
+        sm_percent: u32,
+    ) -> Result<(), GpuError> {
+        self.check(uuid)?;
+        let mut live = self.live.lock();
+        let list = live.processes.entry(uuid.to_owned()).or_default();
+        let process = GpuProcess {
+            pid,
+            memory_used_mib,
+            sm_percent: sm_percent.min(100),
+        };
+        match list.iter_mut().find(|p| p.pid == pid) {
+            Some(existing) => *existing = process,
+            None => list.push(process),
+        }
+        Ok(())
+    }
+
+    /// Ends process `pid` on GPU `uuid`.
+    pub fn remove_process(&self, uuid: &str, pid: u32) -> Result<(), GpuError> {
+        self.check(uuid)?;
+        if let Some(list) = self.live.lock().processes.get_mut(uuid) {
+            list.retain(|p| p.pid != pid);
+        }
+        Ok(())
+    }
+
+    /// Reports XID `xid` on GPU `uuid`, as the driver would.
+    pub fn inject_xid(&self, uuid: &str, xid: u64) -> Result<(), GpuError> {
+        self.check(uuid)?;
+        self.live.lock().events.push_back(XidEvent {
+            uuid: uuid.to_owned(),
+            xid,
+        });
+        self.event_ready.notify_all();
+        Ok(())
+    }
+}
+
+impl GpuBackend for SimBackend {
+    fn kind(&self) -> &'static str {
+        "sim"
+    }
+
+    fn devices(&self) -> Result<Vec<GpuDevice>, GpuError> {
+        Ok(self.devices.clone())
+    }
+
+    fn pcie_relation(&self, a: &str, b: &str) -> Result<PcieRelation, GpuError> {
+        let (a, b) = (self.pcie[self.check(a)?], self.pcie[self.check(b)?]);
+        Ok(if a.switch == b.switch {
+            PcieRelation::SingleSwitch
+        } else if a.numa.is_some() && a.numa == b.numa {
+            PcieRelation::NumaNode
+        } else {
+            PcieRelation::System
+        })
+    }
+
+    fn sample(&self, uuid: &str) -> Result<GpuSample, GpuError> {
+        self.check(uuid)?;
+        let live = self.live.lock();
+        let processes = live.processes.get(uuid).cloned().unwrap_or_default();
+        Ok(GpuSample {
+            memory_used_mib: processes.iter().map(|p| p.memory_used_mib).sum(),
+            utilization_percent: processes.iter().map(|p| p.sm_percent).sum::<u32>().min(100),
+            processes,
+        })
+    }
+
+    fn wait_event(&self, timeout: Duration) -> Result<Option<XidEvent>, GpuError> {
+        let mut live = self.live.lock();
+        if live.events.is_empty() {
+            self.event_ready.wait_for(&mut live, timeout);
+        }
+        Ok(live.events.pop_front())
+    }
+}
+
+/// A stable UUID-shaped id from `seed` (FNV-1a, twice with different offsets).
+fn derived_uuid(prefix: &str, seed: &str) -> String {
+    let hash = |offset: u64| {
+        seed.bytes().fold(offset, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+    };
+    let (hi, lo) = (hash(0xcbf2_9ce4_8422_2325), hash(0x8422_2325_cbf2_9ce4));
+    format!(
+        "{prefix}-{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        hi >> 32,
+        (hi >> 16) & 0xffff,
+        hi & 0xffff,
+        lo >> 48,
+        lo & 0xffff_ffff_ffff
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(file: &str) -> SimBackend {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../hack/gpus/");
+        SimBackend::from_file(format!("{path}{file}")).unwrap()
+    }
+
+    #[test]
+    fn h100_shape_has_switch_links_on_every_gpu() {
+        let sim = shape("h100-8x-nvswitch.yaml");
+        let devices = sim.devices().unwrap();
+        assert_eq!(devices.len(), 8);
+        assert!(devices.iter().all(
+            |d| d.nvlinks.len() == 18 && d.nvlinks.iter().all(|l| l.remote == LinkPeer::Switch)
+        ));
+        assert_eq!(devices[0].memory_total_mib, 81559);
+        assert_eq!(devices[0].uuid.len(), 40);
+    }
+
+    #[test]
+    fn a100_shape_has_pairs_and_one_mig_gpu() {
+        let sim = shape("a100-8x-mig.yaml");
+        let devices = sim.devices().unwrap();
+        assert_eq!(devices[0].nvlinks.len(), 12);
+        assert_eq!(
+            devices[0].nvlinks[0].remote_pci_bus_id,
+            devices[1].pci_bus_id
+        );
+        let mig = devices[7].mig.as_ref().unwrap();
+        assert_eq!(mig.len(), 4);
+        assert_eq!(mig[0].profile, "3g.20gb");
+        assert!(mig[0].uuid.starts_with("MIG-"));
+        assert!(devices[..7].iter().all(|d| d.mig.is_none()));
+    }
+
+    #[test]
+    fn l40s_pcie_relations_follow_numa() {
+        let sim = shape("l40s-4x-pcie.yaml");
+        let u = |i| sim.uuid_of(i).unwrap().to_owned();
+        assert_eq!(
+            sim.pcie_relation(&u(0), &u(1)).unwrap(),
+            PcieRelation::NumaNode
+        );
+        assert_eq!(
+            sim.pcie_relation(&u(0), &u(2)).unwrap(),
+            PcieRelation::System
+        );
+    }
+
+    #[test]
+    fn processes_drive_samples_and_xids_queue() {
+        let sim = shape("l40s-4x-pcie.yaml");
+        let uuid = sim.uuid_of(1).unwrap().to_owned();
+        sim.set_process(&uuid, 42, 1000, 30).unwrap();
+        sim.set_process(&uuid, 43, 500, 90).unwrap();
+        let s = sim.sample(&uuid).unwrap();
+        assert_eq!((s.memory_used_mib, s.utilization_percent), (1500, 100));
+        sim.remove_process(&uuid, 43).unwrap();
+        assert_eq!(sim.sample(&uuid).unwrap().memory_used_mib, 1000);
+        assert_eq!(sim.wait_event(Duration::from_millis(1)).unwrap(), None);
+        sim.inject_xid(&uuid, 79).unwrap();
+        let ev = sim.wait_event(Duration::from_millis(1)).unwrap().unwrap();
+        assert_eq!((ev.uuid.as_str(), ev.xid), (uuid.as_str(), 79));
+        assert!(sim.inject_xid("GPU-nope", 79).is_err());
+    }
+
+    #[test]
+    fn bad_files_name_the_field() {
+        let err = SimBackend::from_yaml(
+            "gpus: [{model: X, memory_mib: 1}]\nnvlinks: [{a: 0, b: 3, links: 2}]",
+            "t",
+        )
+        .unwrap_err();
+        assert_eq!(
+            err,
+            "nvlinks[0].b: GPU index 3 does not exist (indexes are 0-0)"
+        );
+        let err = SimBackend::from_yaml("gpus: [{model: X, memory_mib: 0}]", "t").unwrap_err();
+        assert!(err.starts_with("gpus[0].memory_mib"), "{err}");
+        let err = SimBackend::from_yaml("gpus: [{model: X}]", "t").unwrap_err();
+        assert!(err.contains("memory_mib"), "{err}");
+    }
+}

@@ -1,0 +1,159 @@
+//! Prometheus metrics (`/metrics`, text format) and `/healthz` on the metrics port
+//! (9090 by convention).
+//!
+//! GPU and share gauges are read from the node at scrape time, so there is no sampling
+//! loop to keep in step; only the Allocate latency histogram is recorded as calls happen.
+//! The HTTP side is a deliberately tiny HTTP/1.1 responder: two fixed GET paths, one
+//! response per connection.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::node::Node;
+
+type Labels = Vec<(String, String)>;
+
+/// Metrics recorded as events happen.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    allocate_seconds: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            // 10 µs .. ~80 ms.
+            allocate_seconds: Histogram::new(exponential_buckets(0.000_01, 2.0, 14)),
+        }
+    }
+}
+
+impl Metrics {
+    /// Records one Allocate call.
+    pub fn observe_allocate(&self, took: Duration) {
+        self.allocate_seconds.observe(took.as_secs_f64());
+    }
+
+    /// The Prometheus text exposition for `node` right now.
+    pub fn render(&self, node: &Node) -> String {
+        let mut registry = Registry::with_prefix("tessera_agent");
+        let memory_used = Family::<Labels, Gauge>::default();
+        let memory_total = Family::<Labels, Gauge>::default();
+        let utilization = Family::<Labels, Gauge>::default();
+        let healthy = Family::<Labels, Gauge>::default();
+        let shares = Family::<Labels, Gauge>::default();
+        let pod_limit = Family::<Labels, Gauge>::default();
+        let ledger = node.ledger.lock();
+        for d in node.devices() {
+            let labels: Labels = vec![
+                ("gpu".into(), d.index.to_string()),
+                ("uuid".into(), d.uuid.clone()),
+                ("model".into(), d.model.clone()),
+            ];
+            let sample = node.backend().sample(&d.uuid).unwrap_or_default();
+            memory_used
+                .get_or_create(&labels)
+                .set(sample.memory_used_mib as i64);
+            memory_total
+                .get_or_create(&labels)
+                .set(d.memory_total_mib as i64);
+            utilization
+                .get_or_create(&labels)
+                .set(i64::from(sample.utilization_percent));
+            healthy
+                .get_or_create(&labels)
+                .set(i64::from(node.health(&d.uuid).healthy));
+            if d.mig.is_none() {
+                let held = ledger
+                    .allocations()
+                    .iter()
+                    .filter(|a| a.grants.iter().any(|g| g.uuid == d.uuid))
+                    .map(|a| {
+                        if a.is_whole() {
+                            node.options().shares_per_gpu
+                        } else {
+                            1
+                        }
+                    })
+                    .sum::<u32>()
+                    .min(node.options().shares_per_gpu);
+                shares.get_or_create(&labels).set(i64::from(held));
+            }
+        }
+        for a in ledger.allocations() {
+            let pod = a
+                .pod
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), ToString::to_string);
+            for g in &a.grants {
+                let labels: Labels = vec![
+                    ("pod".into(), pod.clone()),
+                    ("container".into(), a.container.clone().unwrap_or_default()),
+                    ("uuid".into(), g.uuid.clone()),
+                ];
+                pod_limit.get_or_create(&labels).set(g.memory_mib as i64);
+            }
+        }
+        drop(ledger);
+        registry.register("gpu_memory_used_mib", "GPU memory in use", memory_used);
+        registry.register("gpu_memory_total_mib", "GPU memory size", memory_total);
+        registry.register("gpu_utilization_percent", "GPU utilisation", utilization);
+        registry.register("gpu_healthy", "1 while the GPU is handed out", healthy);
+        registry.register("gpu_shares_allocated", "nvidia.com/gpu slots held", shares);
+        registry.register(
+            "pod_gpu_memory_limit_mib",
+            "memory limit of a container on a GPU",
+            pod_limit,
+        );
+        registry.register(
+            "allocate_seconds",
+            "Allocate call latency",
+            self.allocate_seconds.clone(),
+        );
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &registry);
+        out
+    }
+}
+
+/// Serves `/metrics` and `/healthz` until the task is dropped.
+pub async fn serve(listener: TcpListener, node: Arc<Node>) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let node = Arc::clone(&node);
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 2048];
+            let Ok(n) = stream.read(&mut buf).await else {
+                return;
+            };
+            let request = String::from_utf8_lossy(&buf[..n]);
+            let path = request.split_whitespace().nth(1).unwrap_or("");
+            let (status, kind, body) = match path {
+                "/metrics" => (
+                    "200 OK",
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    node.metrics.render(&node),
+                ),
+                "/healthz" => ("200 OK", "text/plain", "ok\n".to_owned()),
+                _ => ("404 Not Found", "text/plain", "not found\n".to_owned()),
+            };
+            let head = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = stream.write_all(head.as_bytes()).await;
+            let _ = stream.write_all(body.as_bytes()).await;
+        });
+    }
+}

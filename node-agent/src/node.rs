@@ -1,0 +1,255 @@
+//! The agent's view of its node: the GPUs, their topology and health, the advertised
+//! device lists, and the ledger. Shared by the device plugins, the XID watcher, the
+//! reconciler and the admin socket.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tessera_device_plugin::{Device, DeviceList, Health};
+
+use crate::gpu::{GpuBackend, GpuDevice, GpuError, XidEvent};
+use crate::ledger::Ledger;
+use crate::topology::Topology;
+
+/// The resource whole and shared GPUs are advertised as.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+
+/// The resource of MIG devices with `profile`.
+pub fn mig_resource(profile: &str) -> String {
+    format!("nvidia.com/mig-{profile}")
+}
+
+/// Settings that shape what is advertised and answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeOptions {
+    /// Slots per healthy GPU (`sharesPerGpu`).
+    pub shares_per_gpu: u32,
+    /// Answer Allocate with CDI device names instead of `NVIDIA_VISIBLE_DEVICES`.
+    pub cdi: bool,
+}
+
+impl Default for NodeOptions {
+    fn default() -> Self {
+        Self {
+            shares_per_gpu: 10,
+            cdi: false,
+        }
+    }
+}
+
+/// Health of one GPU.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuHealth {
+    /// Whether the GPU may be handed out.
+    pub healthy: bool,
+    /// The fatal XID that made it unhealthy.
+    pub xid: Option<u64>,
+}
+
+/// The node.
+pub struct Node {
+    backend: Arc<dyn GpuBackend>,
+    devices: Vec<GpuDevice>,
+    topology: Topology,
+    options: NodeOptions,
+    health: Mutex<HashMap<String, GpuHealth>>,
+    /// Who holds what; also the checkpoint.
+    pub ledger: Mutex<Ledger>,
+    /// Event metrics (Allocate latency).
+    pub metrics: crate::metrics::Metrics,
+    /// Bumped on every change of health or of the ledger (for the reporter).
+    changed: tokio::sync::watch::Sender<u64>,
+    gpu_list: DeviceList,
+    mig_lists: BTreeMap<String, DeviceList>,
+}
+
+impl Node {
+    /// Reads the inventory from `backend` and builds the advertised lists.
+    pub fn new(
+        backend: Arc<dyn GpuBackend>,
+        ledger: Ledger,
+        options: NodeOptions,
+    ) -> Result<Self, GpuError> {
+        let devices = backend.devices()?;
+        let topology = Topology::discover(backend.as_ref(), &devices)?;
+        let health = devices
+            .iter()
+            .map(|d| {
+                (
+                    d.uuid.clone(),
+                    GpuHealth {
+                        healthy: true,
+                        xid: None,
+                    },
+                )
+            })
+            .collect();
+        let mut mig: BTreeMap<String, Vec<Device>> = BTreeMap::new();
+        for d in &devices {
+            for m in d.mig.iter().flatten() {
+                let mut dev = Device::healthy(m.uuid.clone());
+                dev.numa_node = d.numa_node.map(i64::from);
+                mig.entry(m.profile.clone()).or_default().push(dev);
+            }
+        }
+        let node = Self {
+            gpu_list: DeviceList::new(Vec::new()),
+            mig_lists: mig
+                .into_iter()
+                .map(|(profile, list)| (profile, DeviceList::new(list)))
+                .collect(),
+            backend,
+            devices,
+            topology,
+            options,
+            health: Mutex::new(health),
+            ledger: Mutex::new(ledger),
+            metrics: crate::metrics::Metrics::default(),
+            changed: tokio::sync::watch::Sender::new(0),
+        };
+        node.gpu_list.replace(node.slot_devices());
+        Ok(node)
+    }
+
+    fn slot_devices(&self) -> Vec<Device> {
+        let health = self.health.lock();
+        self.shareable()
+            .flat_map(|d| {
+                let healthy = health.get(&d.uuid).is_none_or(|h| h.healthy);
+                (0..self.options.shares_per_gpu).map(move |k| Device {
+                    id: slot_id(&d.uuid, k),
+                    health: if healthy {
+                        Health::Healthy
+                    } else {
+                        Health::Unhealthy
+                    },
+                    numa_node: d.numa_node.map(i64::from),
+                })
+            })
+            .collect()
+    }
+
+    /// Says that health or the ledger changed.
+    pub fn bump(&self) {
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// A receiver woken by every [`Node::bump`].
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn GpuBackend> {
+        &self.backend
+    }
+
+    /// Every GPU, in index order.
+    pub fn devices(&self) -> &[GpuDevice] {
+        &self.devices
+    }
+
+    /// GPUs shared as `nvidia.com/gpu` slots (those not in MIG mode).
+    pub fn shareable(&self) -> impl Iterator<Item = &GpuDevice> {
+        self.devices.iter().filter(|d| d.mig.is_none())
+    }
+
+    /// The link matrix over all GPUs (positions = `devices()` order).
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// Options.
+    pub fn options(&self) -> NodeOptions {
+        self.options
+    }
+
+    /// The `nvidia.com/gpu` slot list.
+    pub fn gpu_list(&self) -> &DeviceList {
+        &self.gpu_list
+    }
+
+    /// MIG device lists by profile.
+    pub fn mig_lists(&self) -> &BTreeMap<String, DeviceList> {
+        &self.mig_lists
+    }
+
+    /// The GPU with `uuid`.
+    pub fn device(&self, uuid: &str) -> Option<&GpuDevice> {
+        self.devices.iter().find(|d| d.uuid == uuid)
+    }
+
+    /// The shareable GPU a slot id belongs to.
+    pub fn slot_gpu(&self, slot: &str) -> Option<&GpuDevice> {
+        let (uuid, k) = slot.rsplit_once('-')?;
+        let k: u32 = k.parse().ok()?;
+        (k < self.options.shares_per_gpu)
+            .then(|| self.shareable().find(|d| d.uuid == uuid))
+            .flatten()
+    }
+
+    /// The GPU owning MIG device `mig_uuid`, and the MIG device.
+    pub fn mig_device(&self, mig_uuid: &str) -> Option<(&GpuDevice, &crate::gpu::MigDevice)> {
+        self.devices.iter().find_map(|d| {
+            d.mig
+                .iter()
+                .flatten()
+                .find(|m| m.uuid == mig_uuid)
+                .map(|m| (d, m))
+        })
+    }
+
+    /// Health of GPU `uuid` (unknown GPUs count as unhealthy).
+    pub fn health(&self, uuid: &str) -> GpuHealth {
+        self.health.lock().get(uuid).copied().unwrap_or_default()
+    }
+
+    /// Applies an XID event: a fatal one makes the GPU (or the GPU owning the MIG
+    /// device) and all its slots / MIG devices unhealthy at once. Returns whether
+    /// anything changed.
+    pub fn on_xid(&self, event: &XidEvent) -> bool {
+        if !event.is_fatal() {
+            tracing::info!(gpu = %event.uuid, xid = event.xid, "application XID; GPU stays healthy");
+            return false;
+        }
+        let gpu = match self.device(&event.uuid) {
+            Some(d) => d,
+            None => match self.mig_device(&event.uuid) {
+                Some((d, _)) => d,
+                None => {
+                    tracing::warn!(gpu = %event.uuid, xid = event.xid, "XID on an unknown device");
+                    return false;
+                }
+            },
+        };
+        {
+            let mut health = self.health.lock();
+            let entry = health.entry(gpu.uuid.clone()).or_default();
+            if !entry.healthy {
+                return false;
+            }
+            *entry = GpuHealth {
+                healthy: false,
+                xid: Some(event.xid),
+            };
+        }
+        tracing::warn!(gpu = %gpu.uuid, index = gpu.index, xid = event.xid, "fatal XID: GPU marked unhealthy");
+        let prefix = format!("{}-", gpu.uuid);
+        self.gpu_list
+            .set_health_where(|id| id.starts_with(&prefix), Health::Unhealthy);
+        for m in gpu.mig.iter().flatten() {
+            if let Some(list) = self.mig_lists.get(&m.profile) {
+                list.set_health(&m.uuid, Health::Unhealthy);
+            }
+        }
+        self.bump();
+        true
+    }
+}
+
+/// Slot `k` of GPU `uuid`.
+pub fn slot_id(uuid: &str, k: u32) -> String {
+    format!("{uuid}-{k}")
+}

@@ -1,0 +1,276 @@
+//! The stream to the coordinator (`tessera.v1.AgentService/Connect`): inventory and
+//! topology in `Hello`, occupancy and health changes as they happen, heartbeats at the
+//! interval the coordinator asks for, a full resend on `Resync`, and reconnects with
+//! exponential backoff when the stream breaks.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessera_proto::tessera::v1 as pb;
+use tessera_proto::tessera::v1::agent_service_client::AgentServiceClient;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::gpu::PcieRelation;
+use crate::ledger::now_unix_ms;
+use crate::node::Node;
+
+/// Heartbeat interval when the coordinator does not say.
+const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(10);
+/// Reconnect backoff bounds.
+const BACKOFF_MIN: Duration = Duration::from_millis(200);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// The node's inventory and link matrix.
+pub fn inventory(node: &Node, node_name: &str) -> pb::NodeInventory {
+    let t = node.topology();
+    let mut links = Vec::new();
+    for i in 0..t.len() {
+        for j in i + 1..t.len() {
+            let p = t.pair(i, j);
+            links.push(pb::GpuLink {
+                gpu_a: t.gpus()[i].uuid.clone(),
+                gpu_b: t.gpus()[j].uuid.clone(),
+                nvlink_count: p.nvlinks,
+                nvswitch: p.nvswitch,
+                pcie: pcie(p.pcie) as i32,
+            });
+        }
+    }
+    pb::NodeInventory {
+        node_name: node_name.to_owned(),
+        agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+        gpus: node
+            .devices()
+            .iter()
+            .map(|d| pb::Gpu {
+                uuid: d.uuid.clone(),
+                index: d.index,
+                model: d.model.clone(),
+                memory_mib: d.memory_total_mib,
+                numa_node: d.numa_node.map_or(-1, |n| n as i32),
+                pci_bus_id: d.pci_bus_id.clone(),
+                mig_enabled: d.mig.is_some(),
+                mig_instances: d
+                    .mig
+                    .iter()
+                    .flatten()
+                    .map(|m| pb::MigInstance {
+                        profile: m.profile.clone(),
+                        uuid: m.uuid.clone(),
+                        placement_start: 0,
+                        placement_size: 0,
+                        memory_mib: m.memory_total_mib,
+                    })
+                    .collect(),
+            })
+            .collect(),
+        links: Some(pb::LinkMatrix { links }),
+        shares_per_gpu: node.options().shares_per_gpu,
+    }
+}
+
+fn pcie(r: PcieRelation) -> pb::PcieRelation {
+    match r {
+        PcieRelation::SameBoard => pb::PcieRelation::SameBoard,
+        PcieRelation::SingleSwitch => pb::PcieRelation::SameSwitch,
+        PcieRelation::MultipleSwitches => pb::PcieRelation::MultipleSwitches,
+        PcieRelation::HostBridge => pb::PcieRelation::SameHostBridge,
+        PcieRelation::NumaNode => pb::PcieRelation::SameNuma,
+        PcieRelation::System => pb::PcieRelation::CrossSocket,
+    }
+}
+
+fn health(healthy: bool) -> pb::Health {
+    if healthy {
+        pb::Health::Healthy
+    } else {
+        pb::Health::Unhealthy
+    }
+}
+
+/// Who holds what on every GPU, with live readings.
+pub fn occupancy(node: &Node) -> pb::Occupancy {
+    let ledger = node.ledger.lock();
+    let gpus = node
+        .devices()
+        .iter()
+        .map(|d| {
+            let h = node.health(&d.uuid);
+            let sample = node.backend().sample(&d.uuid).unwrap_or_default();
+            let mig: Vec<&str> = d.mig.iter().flatten().map(|m| m.uuid.as_str()).collect();
+            let shares = ledger
+                .allocations()
+                .iter()
+                .flat_map(|a| {
+                    a.grants
+                        .iter()
+                        .filter(|g| g.uuid == d.uuid || mig.contains(&g.uuid.as_str()))
+                        .map(move |g| (a, g))
+                })
+                .map(|(a, g)| pb::Share {
+                    pod_uid: String::new(),
+                    pod_namespace: a
+                        .pod
+                        .as_ref()
+                        .map(|p| p.namespace.clone())
+                        .unwrap_or_default(),
+                    pod_name: a.pod.as_ref().map(|p| p.name.clone()).unwrap_or_default(),
+                    container: a.container.clone().unwrap_or_default(),
+                    memory_limit_mib: g.memory_mib,
+                    compute_percent: g.compute_milli.div_ceil(10),
+                    measured_memory_mib: 0,
+                    measured_utilization_percent: 0,
+                    isolation: if mig.contains(&g.uuid.as_str()) {
+                        pb::Isolation::Mig
+                    } else {
+                        pb::Isolation::None
+                    } as i32,
+                    enforcement: pb::EnforcementState::NotEnforced as i32,
+                    mig_instance_uuid: if mig.contains(&g.uuid.as_str()) {
+                        g.uuid.clone()
+                    } else {
+                        String::new()
+                    },
+                })
+                .collect();
+            pb::GpuOccupancy {
+                gpu_uuid: d.uuid.clone(),
+                health: health(h.healthy) as i32,
+                health_reason: h.xid.map(|x| format!("XID {x}")).unwrap_or_default(),
+                shares,
+                used_memory_mib: sample.memory_used_mib,
+                utilization_percent: sample.utilization_percent,
+            }
+        })
+        .collect();
+    pb::Occupancy {
+        gpus,
+        observed_unix_ms: now_unix_ms() as i64,
+    }
+}
+
+fn msg(body: pb::agent_message::Body) -> pb::AgentMessage {
+    pb::AgentMessage { body: Some(body) }
+}
+
+/// Why one session with the coordinator ended.
+#[derive(Debug, thiserror::Error)]
+enum SessionEnd {
+    #[error("cannot connect: {0}")]
+    Connect(String),
+    #[error("stream failed: {0}")]
+    Stream(#[from] tonic::Status),
+    #[error("coordinator closed the stream")]
+    Closed,
+    #[error("coordinator rejected protocol {ours}: {reason}")]
+    Rejected { ours: u32, reason: String },
+}
+
+/// Reports to the coordinator at `endpoint` (`http://host:port`) until dropped.
+pub async fn run(endpoint: String, node: Arc<Node>, node_name: String) {
+    let mut failures: u32 = 0;
+    loop {
+        match session(&endpoint, &node, &node_name, &mut failures).await {
+            Ok(()) => return,
+            Err(error) => {
+                tracing::warn!(%endpoint, %error, "coordinator stream ended; reconnecting")
+            }
+        }
+        failures = failures.saturating_add(1);
+        let delay = BACKOFF_MIN
+            .saturating_mul(1u32 << failures.min(8).saturating_sub(1))
+            .min(BACKOFF_MAX);
+        tokio::time::sleep(delay).await;
+    }
+}
+
+async fn session(
+    endpoint: &str,
+    node: &Node,
+    node_name: &str,
+    failures: &mut u32,
+) -> Result<(), SessionEnd> {
+    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_owned())
+        .map_err(|e| SessionEnd::Connect(e.to_string()))?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .map_err(|e| SessionEnd::Connect(e.to_string()))?;
+    let (tx, rx) = mpsc::channel::<pb::AgentMessage>(256);
+    // Sending into our own fresh channel only fails if the stream is gone.
+    let send = |m| tx.try_send(m).map_err(|_| SessionEnd::Closed);
+    send(msg(pb::agent_message::Body::Hello(pb::Hello {
+        protocol_version: pb::PROTOCOL_VERSION,
+        inventory: Some(inventory(node, node_name)),
+    })))?;
+    let mut inbound = AgentServiceClient::new(channel)
+        .connect(ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    let mut heartbeat = DEFAULT_HEARTBEAT;
+    let mut changes = node.changes();
+    let mut last_health: HashMap<String, bool> = node
+        .devices()
+        .iter()
+        .map(|d| (d.uuid.clone(), node.health(&d.uuid).healthy))
+        .collect();
+    let mut sequence = 0u64;
+    let mut welcomed = false;
+    let mut tick = tokio::time::interval(heartbeat);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            incoming = inbound.message() => {
+                let Some(message) = incoming? else { return Err(SessionEnd::Closed) };
+                match message.body {
+                    Some(pb::coordinator_message::Body::Welcome(w)) => {
+                        welcomed = true;
+                        *failures = 0;
+                        if w.heartbeat_interval_ms > 0 {
+                            heartbeat = Duration::from_millis(u64::from(w.heartbeat_interval_ms));
+                            tick = tokio::time::interval(heartbeat);
+                            tick.tick().await;
+                        }
+                        tracing::info!(coordinator = %w.coordinator_id, "connected to the coordinator");
+                        send(msg(pb::agent_message::Body::Occupancy(occupancy(node))))?;
+                    }
+                    Some(pb::coordinator_message::Body::Reject(r)) => {
+                        return Err(SessionEnd::Rejected { ours: pb::PROTOCOL_VERSION, reason: r.reason });
+                    }
+                    Some(pb::coordinator_message::Body::Resync(_)) => {
+                        send(msg(pb::agent_message::Body::Inventory(inventory(node, node_name))))?;
+                        send(msg(pb::agent_message::Body::Occupancy(occupancy(node))))?;
+                    }
+                    Some(pb::coordinator_message::Body::Heartbeat(_)) | None => {}
+                }
+            }
+            _ = tick.tick() => {
+                sequence += 1;
+                send(msg(pb::agent_message::Body::Heartbeat(pb::Heartbeat {
+                    sequence,
+                    sent_unix_ms: now_unix_ms() as i64,
+                })))?;
+            }
+            changed = changes.changed(), if welcomed => {
+                if changed.is_err() {
+                    return Ok(());
+                }
+                for d in node.devices() {
+                    let h = node.health(&d.uuid);
+                    if last_health.insert(d.uuid.clone(), h.healthy) != Some(h.healthy) {
+                        send(msg(pb::agent_message::Body::HealthChange(pb::HealthChange {
+                            gpu_uuid: d.uuid.clone(),
+                            health: health(h.healthy) as i32,
+                            reason: h.xid.map(|x| format!("XID {x}")).unwrap_or_default(),
+                            xid: h.xid.map_or(0, |x| x as u32),
+                            observed_unix_ms: now_unix_ms() as i64,
+                        })))?;
+                    }
+                }
+                send(msg(pb::agent_message::Body::Occupancy(occupancy(node))))?;
+            }
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! Shared fixtures: an in-process agent on a simulated machine, with a fake kubelet
+//! and a fake pod-resources server on real Unix sockets in a temporary directory.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tempfile::TempDir;
+use tessera_agent::agent::{Agent, AgentConfig};
+use tessera_agent::assignments::{Assignment, AssignmentSource, ContainerAssignment, GpuSlice};
+use tessera_agent::gpu::Backend;
+use tessera_agent::gpu::sim::SimBackend;
+use tessera_agent::node::NodeOptions;
+use tessera_device_plugin::testing::{FakeKubelet, FakePodResources, PluginConnection};
+
+pub const WAIT: Duration = Duration::from_secs(5);
+
+pub fn shape(file: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../hack/gpus")
+        .join(file)
+}
+
+pub struct Harness {
+    pub dir: TempDir,
+    pub kubelet: FakeKubelet,
+    pub pod_resources: FakePodResources,
+    pub sim: Arc<SimBackend>,
+    pub agent: Option<Agent>,
+}
+
+impl Harness {
+    /// A fake kubelet and pod-resources server, and an agent on `file`.
+    pub async fn start(file: &str, source: Arc<dyn AssignmentSource>) -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        for sub in ["dp", "pr", "state"] {
+            std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+        }
+        let kubelet = FakeKubelet::start(&dir.path().join("dp")).await.unwrap();
+        let pod_resources = FakePodResources::start(&dir.path().join("pr/kubelet.sock"))
+            .await
+            .unwrap();
+        let sim = Arc::new(SimBackend::from_file(shape(file)).unwrap());
+        let mut h = Harness {
+            dir,
+            kubelet,
+            pod_resources,
+            sim,
+            agent: None,
+        };
+        h.start_agent(source).await;
+        h
+    }
+
+    pub fn config(&self, source: Arc<dyn AssignmentSource>) -> AgentConfig {
+        AgentConfig {
+            node_name: "node-a".into(),
+            backend: Backend::Sim(Arc::clone(&self.sim)),
+            device_plugin_dir: self.dir.path().join("dp"),
+            pod_resources_socket: self.dir.path().join("pr/kubelet.sock"),
+            state_dir: self.dir.path().join("state"),
+            admin_socket: Some(self.admin_socket()),
+            options: NodeOptions::default(),
+            source,
+            reconcile_every: Duration::from_secs(3600),
+            reconcile_grace: Duration::ZERO,
+            metrics_addr: None,
+            coordinator: None,
+        }
+    }
+
+    pub fn admin_socket(&self) -> PathBuf {
+        self.dir.path().join("admin.sock")
+    }
+
+    pub async fn start_agent(&mut self, source: Arc<dyn AssignmentSource>) {
+        let agent = Agent::start(self.config(source)).await.unwrap();
+        self.agent = Some(agent);
+    }
+
+    pub async fn stop_agent(&mut self) {
+        if let Some(agent) = self.agent.take() {
+            agent.stop().await.unwrap();
+        }
+    }
+
+    /// Waits until the fake kubelet is connected to a plugin generation other than
+    /// `old` (after an agent restart) and returns it.
+    pub async fn new_gpu_plugin(&self, old: &Arc<PluginConnection>) -> Arc<PluginConnection> {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            if let Some(p) = self.kubelet.plugin("nvidia.com/gpu")
+                && !Arc::ptr_eq(&p, old)
+                && p.devices().latest().is_some_and(|d| !d.is_empty())
+            {
+                return p;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the agent did not re-register"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    pub fn agent(&self) -> &Agent {
+        self.agent.as_ref().unwrap()
+    }
+
+    pub async fn gpu_plugin(&self) -> Arc<PluginConnection> {
+        let plugin = self
+            .kubelet
+            .wait_for_plugin("nvidia.com/gpu", WAIT)
+            .await
+            .unwrap();
+        plugin
+            .devices()
+            .wait_until(|d| !d.is_empty(), WAIT)
+            .await
+            .unwrap();
+        plugin
+    }
+
+    pub fn uuid(&self, index: u32) -> String {
+        self.sim.uuid_of(index).unwrap().to_owned()
+    }
+
+    /// Every healthy slot id the plugin advertises right now.
+    pub async fn available(&self, plugin: &PluginConnection) -> Vec<String> {
+        plugin
+            .devices()
+            .latest()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|d| d.health == "Healthy")
+            .map(|d| d.id)
+            .collect()
+    }
+}
+
+/// `fraction` of GPU `uuid` (memory `memory_mib`) for container `main`.
+pub fn share(uuid: &str, memory_mib: u64, compute_milli: u32) -> Assignment {
+    Assignment {
+        containers: vec![ContainerAssignment {
+            container: "main".into(),
+            gpus: vec![GpuSlice {
+                uuid: uuid.into(),
+                memory_mib,
+                compute_milli,
+            }],
+        }],
+    }
+}
+
+/// The GPU uuid a slot id belongs to.
+pub fn gpu_of(slot: &str) -> &str {
+    slot.rsplit_once('-').unwrap().0
+}
+
+pub fn refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}

@@ -1,0 +1,149 @@
+//! The Kubernetes assignment source against the development cluster's loopback API
+//! server: assignments are read from pods bound to this node, Allocate answers exactly
+//! them, and the agent marks the pods allocated.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Harness, WAIT, gpu_of, refs, share};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
+use tessera_agent::assignments::{ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION, AssignmentSource};
+use tessera_agent::kube_assignments::KubeAssignments;
+use tessera_devcluster::apiserver::{ApiServer, ApiServerConfig};
+use tessera_devcluster::kubeconfig;
+
+fn gpu_pod(name: &str, node: &str, created: &str, gpus: u32, assignment: Option<String>) -> Pod {
+    let annotations = match assignment {
+        Some(a) => serde_json::json!({ ASSIGNMENT_ANNOTATION: a }),
+        None => serde_json::json!({}),
+    };
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "annotations": annotations,
+                     "creationTimestamp": created},
+        "spec": {"nodeName": node, "schedulerName": "tessera", "containers": [
+            {"name": "main", "image": "cuda",
+             "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}}}
+        ]},
+    }))
+    .unwrap()
+}
+
+async fn wait_allocated(api: &Api<Pod>, name: &str) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let pod = api.get(name).await.unwrap();
+        if pod
+            .metadata
+            .annotations
+            .is_some_and(|a| a.contains_key(ALLOCATED_ANNOTATION))
+        {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} was not marked allocated"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn pods_bound_to_this_node_get_exactly_their_assignment_and_are_marked() {
+    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+    let client =
+        kube::Client::try_from(kubeconfig::client_config(&server.url(), None).unwrap()).unwrap();
+    let source = Arc::new(KubeAssignments::start(client.clone(), "node-a"));
+    let h = Harness::start("a100-8x-mig.yaml", source.clone()).await;
+    let plugin = h.gpu_plugin().await;
+    let api: Api<Pod> = Api::namespaced(client, "default");
+    let g0 = h.uuid(0);
+    let pp = PostParams::default();
+    api.create(
+        &pp,
+        &gpu_pod(
+            "a",
+            "node-a",
+            "2026-01-01T00:00:01Z",
+            1,
+            Some(share(&g0, 20480, 500).to_json()),
+        ),
+    )
+    .await
+    .unwrap();
+    api.create(
+        &pp,
+        &gpu_pod(
+            "b",
+            "node-a",
+            "2026-01-01T00:00:02Z",
+            1,
+            Some(share(&g0, 8192, 200).to_json()),
+        ),
+    )
+    .await
+    .unwrap();
+    // Another node's pod and a pod of another scheduler.
+    api.create(
+        &pp,
+        &gpu_pod(
+            "elsewhere",
+            "node-b",
+            "2026-01-01T00:00:00Z",
+            1,
+            Some(share(&g0, 40960, 1000).to_json()),
+        ),
+    )
+    .await
+    .unwrap();
+    api.create(
+        &pp,
+        &gpu_pod("plain", "node-a", "2026-01-01T00:00:03Z", 2, None),
+    )
+    .await
+    .unwrap();
+    assert!(source.wait_synced(WAIT).await);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while source.pending().len() < 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "watch did not deliver the pods"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let names: Vec<String> = source.pending().into_iter().map(|p| p.pod.name).collect();
+    assert_eq!(names, ["a", "b", "plain"]);
+
+    let all = h.available(&plugin).await;
+    let slot = plugin
+        .preferred_allocation(&refs(&all), &[], 1)
+        .await
+        .unwrap();
+    let env = plugin.allocate_one(&refs(&slot)).await.unwrap().envs;
+    assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], g0);
+    assert_eq!(env["TESSERA_GPU_MEMORY_LIMIT_MIB"], "20480");
+    wait_allocated(&api, "a").await;
+
+    let slot = plugin
+        .preferred_allocation(&refs(&all), &[], 1)
+        .await
+        .unwrap();
+    let env = plugin.allocate_one(&refs(&slot)).await.unwrap().envs;
+    assert_eq!(env["TESSERA_GPU_MEMORY_LIMIT_MIB"], "8192");
+    assert_eq!(env["TESSERA_GPU_COMPUTE_PERCENT"], "20");
+    wait_allocated(&api, "b").await;
+
+    // The other scheduler's pod gets two whole free GPUs, an NVLink pair.
+    let pair = plugin
+        .preferred_allocation(&refs(&all), &[], 2)
+        .await
+        .unwrap();
+    assert!(pair.iter().all(|s| gpu_of(s) != g0));
+    let env = plugin.allocate_one(&refs(&pair)).await.unwrap().envs;
+    assert_eq!(env["TESSERA_GPU_COMPUTE_PERCENT"], "100,100");
+    wait_allocated(&api, "plain").await;
+    assert!(source.pending().is_empty());
+}
