@@ -33,7 +33,7 @@ pub struct CycleConfig {
     pub max_nodes_visited: usize,
     /// Topology domains tried per gang.
     pub max_domains_tried: usize,
-    /// Placement cost weights.
+    /// Placement score weights (NVLink penalties, memory-aware free share).
     pub weights: ScoreWeights,
     /// Share of pods the typical-shape mix covers (FGD uses 0.95).
     pub mix_coverage: f64,
@@ -188,6 +188,13 @@ pub enum Reason {
         /// The level given.
         level: String,
     },
+    /// The queue is below its fair share, but no preemptible pod (or whole gang) of a queue
+    /// above its own could be evicted to make room without taking that queue below its fair
+    /// share or deserved quota.
+    NoReclaimVictims {
+        /// The reclaiming queue.
+        queue: String,
+    },
     /// A node-level failure; counted across nodes.
     Node(NodeReason),
     /// Fits on some nodes, but the capacity went to pods ahead of it in this cycle or the
@@ -302,6 +309,10 @@ impl fmt::Display for Reason {
             Reason::UnknownTopologyLevel { group, level } => write!(
                 f,
                 "invalid tessera.dev/topology level {level} of group {group}: not a level of the Topology"
+            ),
+            Reason::NoReclaimVictims { queue } => write!(
+                f,
+                "queue {queue} is below its fair share, but no preemptible pod of a queue above its own can be evicted for it without taking that queue below its fair share (a gang leaves whole)"
             ),
             Reason::Node(n) => write!(f, "{n}"),
             Reason::NotReached => f.write_str("capacity taken by pods ahead of it this cycle"),

@@ -61,7 +61,8 @@ struct FillArgs {
     /// Run every seed of an inclusive range (e.g. `42-51`) and report means.
     #[arg(long, conflicts_with = "events")]
     seeds: Option<String>,
-    /// Policy name, comma-separated names, or `all`.
+    /// Policy name (tessera = the scheduling core's own placement, alias core; fgd, bestfit,
+    /// packing, clustering, dotprod, random), comma-separated names, or `all`.
     #[arg(long, default_value = "tessera")]
     policy: String,
     /// Exact arrival order file (events/<trace>_s<seed>_order.csv.gz).

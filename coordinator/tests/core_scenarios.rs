@@ -673,3 +673,113 @@ fn empty_and_degenerate_snapshots_do_not_panic() {
     );
     assert!(pending_msg(&d, "c").contains("queue default does not exist"));
 }
+
+/// The bundled sample's shape at the moment its inference burst arrives: research-llm holds
+/// every GPU with a 2-node pretraining gang and an elastic fine-tuning group (priority 0, pods
+/// with CPU and memory requests), product-serving waits below its fair share.
+fn sample_burst(finetune_pods: u32, serve_pods: u32) -> Snapshot {
+    let mut s = Snapshot::at(1000)
+        .node(Node::gpu_node("h1", 8, "H100", 80_000).with_cpu(128_000, 2 << 20))
+        .node(Node::gpu_node("h2", 8, "H100", 80_000).with_cpu(128_000, 2 << 20))
+        .node(Node::gpu_node("l1", 4, "L40S", 48_000).with_cpu(64_000, 512 << 10))
+        .node(Node::gpu_node("l2", 4, "L40S", 48_000).with_cpu(64_000, 512 << 10))
+        .queue(Queue::new("research").gpu(16.0, 1.0, -1.0))
+        .queue(
+            Queue::new("research-llm")
+                .parent("research")
+                .gpu(12.0, 2.0, -1.0),
+        )
+        .queue(
+            Queue::new("research-vision")
+                .parent("research")
+                .gpu(4.0, 1.0, -1.0),
+        )
+        .queue(Queue::new("product").gpu(20.0, 1.0, -1.0))
+        .queue(
+            Queue::new("product-serving")
+                .parent("product")
+                .gpu(12.0, 1.0, -1.0),
+        )
+        .queue(
+            Queue::new("product-batch")
+                .parent("product")
+                .gpu(8.0, 1.0, 16.0),
+        )
+        .group(PodGroup::new("pretrain", "research-llm", 2))
+        .group(PodGroup::new("finetune", "research-llm", 2).max(4));
+    for (i, n) in ["h1", "h2"].iter().enumerate() {
+        s = s.pod(
+            Pod::new(&format!("pretrain-{i}"), "research-llm")
+                .gpus(8)
+                .cpu(64_000, 512 << 10)
+                .group("pretrain")
+                .created(i as u64)
+                .on_node(n),
+        );
+    }
+    for i in 0..finetune_pods {
+        s = s.pod(
+            Pod::new(&format!("finetune-{i}"), "research-llm")
+                .gpus(2)
+                .cpu(16_000, 128 << 10)
+                .group("finetune")
+                .created(300 + u64::from(i))
+                .on_node(if i < 2 { "l1" } else { "l2" }),
+        );
+    }
+    for i in 0..serve_pods {
+        s = s.pod(
+            Pod::new(&format!("serve-{i}"), "product-serving")
+                .gpu_memory(1, 20_480)
+                .cpu(4_000, 16 << 10)
+                .priority(200)
+                .created(900 + u64::from(i)),
+        );
+    }
+    s
+}
+
+#[test]
+fn reclaim_frees_gpus_held_over_fair_share_despite_cpu_requests() {
+    // research-llm holds 24 of 24 GPUs; eight serving pods (20 GiB each, counted as 0.256 of
+    // the cluster's largest GPU) give product-serving a fair share of ~2.05 GPUs and
+    // research-llm ~21.95. Evicting one elastic
+    // fine-tuning pod (2 GPUs) keeps research-llm above its fair share; a second would not.
+    // Reclaim used to refuse: the victim's CPU and memory counted as a loss below research-llm's
+    // fair share of CPU (equal to its demand, CPU being uncontended), and the serving side was
+    // charged the victim's whole 2 GPUs instead of its own request.
+    let d = run(&sample_burst(4, 8));
+    let by = EvictionReason::Reclaim {
+        by_queue: "product-serving".into(),
+    };
+    let ev = evicted(&d);
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert!(ev[0].0.starts_with("finetune-"), "{ev:?}");
+    assert_eq!(ev[0].1, by);
+    // The freed two L40S GPUs (48 GiB) hold two 20 GiB serving pods each.
+    let victim_node = if ev[0].0 < "finetune-2" { "l1" } else { "l2" };
+    let served = bound(&d);
+    assert_eq!(served.len(), 4, "{:?}", d.pending);
+    assert!(
+        served
+            .iter()
+            .all(|(p, n)| p.starts_with("serve-") && n == victim_node)
+    );
+}
+
+#[test]
+fn reclaim_keeps_a_gang_at_min_member_whole_when_that_breaks_fair_share() {
+    // Only the two core fine-tuning pods remain: freeing GPUs means evicting the whole gang
+    // (4 GPUs), which would take research-llm (20 GPUs) below its fair share (~17.95): serving
+    // waits, and no pod is evicted.
+    let mut s = sample_burst(2, 8);
+    s.nodes.retain(|n| n.name != "l2");
+    let d = run(&s);
+    assert!(d.evictions.is_empty(), "{:?}", d.evictions);
+    assert!(d.bindings.is_empty(), "{:?}", bound(&d));
+    let msg = pending_msg(&d, "serve-0");
+    assert!(
+        msg.starts_with("queue product-serving is below its fair share, but no preemptible pod"),
+        "{msg}"
+    );
+}

@@ -86,7 +86,7 @@ fn fill_writes_json_and_svg_for_all_policies() {
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let policies = doc["policies"].as_array().unwrap();
-    assert_eq!(policies.len(), 8);
+    assert_eq!(policies.len(), 7);
     for p in policies {
         for key in [
             "policy",

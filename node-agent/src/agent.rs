@@ -277,6 +277,7 @@ async fn run(
         task.abort();
     }
     let _ = xid_thread.await;
+    node.ledger.lock().flush();
     if let Some(path) = &config.admin_socket {
         let _ = std::fs::remove_file(path);
     }

@@ -11,6 +11,9 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
 
 /// File name of the checkpoint inside the state directory.
@@ -163,6 +166,82 @@ struct LedgerFile {
 pub struct Ledger {
     path: Option<PathBuf>,
     file: LedgerFile,
+    writer: Option<Arc<Writer>>,
+}
+
+impl Drop for Ledger {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
+/// Writes checkpoints off the Allocate path. On ext4 a write-then-rename costs
+/// milliseconds (the rename forces the data out), which would dominate Allocate; the
+/// writer coalesces bursts and keeps only the newest text. A crash can lose the last
+/// few milliseconds of changes, which the start-up reconcile re-learns from the
+/// kubelet's pod-resources API (the kubelet checkpoints device assignments itself).
+#[derive(Debug, Default)]
+struct Writer {
+    state: Mutex<WriterState>,
+    cond: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct WriterState {
+    /// Newest text not yet written, with its generation.
+    pending: Option<(u64, String)>,
+    queued: u64,
+    written: u64,
+}
+
+impl Writer {
+    fn start(path: PathBuf) -> Arc<Self> {
+        let writer = Arc::new(Self::default());
+        let weak = Arc::downgrade(&writer);
+        std::thread::spawn(move || {
+            loop {
+                let Some(w) = weak.upgrade() else { return };
+                let job = {
+                    let mut st = w.state.lock();
+                    if st.pending.is_none() {
+                        w.cond
+                            .wait_for(&mut st, std::time::Duration::from_millis(200));
+                    }
+                    st.pending.take()
+                };
+                if let Some((generation, text)) = job {
+                    if let Err(error) = write_atomically(&path, &text) {
+                        tracing::error!(path = %path.display(), %error, "cannot write the ledger checkpoint");
+                    }
+                    w.state.lock().written = generation;
+                    w.cond.notify_all();
+                }
+            }
+        });
+        writer
+    }
+
+    fn submit(&self, text: String) {
+        let mut st = self.state.lock();
+        st.queued += 1;
+        st.pending = Some((st.queued, text));
+        self.cond.notify_all();
+    }
+
+    fn flush(&self) {
+        let mut st = self.state.lock();
+        let target = st.queued;
+        while st.written < target {
+            self.cond
+                .wait_for(&mut st, std::time::Duration::from_millis(50));
+        }
+    }
+}
+
+fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
 }
 
 /// Milliseconds since the Unix epoch.
@@ -195,24 +274,33 @@ impl Ledger {
             Err(source) => return Err(LedgerError::Io { path, source }),
         };
         Ok(Self {
+            writer: Some(Writer::start(path.clone())),
             path: Some(path),
             file,
         })
     }
 
     fn persist(&self) -> Result<(), LedgerError> {
-        let Some(path) = &self.path else {
-            return Ok(());
-        };
-        let tmp = path.with_extension("json.tmp");
-        let io = |source| LedgerError::Io {
-            path: path.clone(),
-            source,
-        };
         // Serialising plain strings and integers cannot fail.
         let text = serde_json::to_string_pretty(&self.file).unwrap_or_default();
-        std::fs::write(&tmp, text).map_err(io)?;
-        std::fs::rename(&tmp, path).map_err(io)
+        match (&self.writer, &self.path) {
+            (Some(writer), _) => writer.submit(text),
+            (None, Some(path)) => {
+                write_atomically(path, &text).map_err(|source| LedgerError::Io {
+                    path: path.clone(),
+                    source,
+                })?
+            }
+            (None, None) => {}
+        }
+        Ok(())
+    }
+
+    /// Waits until every change so far is in the checkpoint file.
+    pub fn flush(&self) {
+        if let Some(writer) = &self.writer {
+            writer.flush();
+        }
     }
 
     /// All allocations, oldest first.
@@ -371,6 +459,7 @@ mod tests {
         ledger
             .insert(alloc(&["GPU-a-1"], "GPU-a", 250, Origin::Assigned, 1))
             .unwrap();
+        ledger.flush();
         let ledger = Ledger::open(dir.path()).unwrap();
         assert_eq!(ledger.allocations().len(), 2);
         let usage = ledger.usage("GPU-a");

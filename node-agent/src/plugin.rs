@@ -21,6 +21,10 @@ use crate::assignments::{AssignmentSource, GpuSlice};
 use crate::ledger::{Allocation, Grant, Origin, PodRef, now_unix_ms};
 use crate::node::{GPU_RESOURCE, Node, mig_resource, slot_id};
 
+/// How long GetPreferredAllocation / Allocate wait for the pod watch to deliver a pod
+/// the kubelet is already asking about.
+const WATCH_CATCH_UP: Duration = Duration::from_secs(5);
+
 /// Environment variable listing the container's GPUs.
 pub const ENV_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 /// Environment variable with the memory limit per GPU (MiB, comma-separated in
@@ -105,6 +109,25 @@ impl GpuPlugin {
             })
             .filter(|(pod, c)| !ledger.has_container(pod, c))
             .collect()
+    }
+
+    /// Waits (bounded by [`WATCH_CATCH_UP`]) until some pending pod could own a request
+    /// of each of `sizes` GPUs. The kubelet and the agent's pod watch see a binding
+    /// independently, so the kubelet may ask about a pod the watch has not delivered yet;
+    /// answering at once would steer it to whole free GPUs or fail its Allocate.
+    async fn await_candidates(&self, sizes: &[usize]) {
+        if self.source.kind() == "none" {
+            return;
+        }
+        let deadline = Instant::now() + WATCH_CATCH_UP;
+        for &size in sizes {
+            while self.assigned_candidates(size).is_empty()
+                && !self.unassigned_pending(size)
+                && Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
     }
 
     fn unassigned_pending(&self, size: usize) -> bool {
@@ -450,6 +473,12 @@ impl DeviceProvider for GpuPlugin {
         &self,
         request: api::PreferredAllocationRequest,
     ) -> Result<api::PreferredAllocationResponse, ProviderError> {
+        let sizes: Vec<usize> = request
+            .container_requests
+            .iter()
+            .map(|r| usize::try_from(r.allocation_size).unwrap_or(0))
+            .collect();
+        self.await_candidates(&sizes).await;
         let mut container_responses = Vec::new();
         for req in &request.container_requests {
             container_responses.push(api::ContainerPreferredAllocationResponse {
@@ -465,6 +494,12 @@ impl DeviceProvider for GpuPlugin {
         &self,
         request: api::AllocateRequest,
     ) -> Result<api::AllocateResponse, ProviderError> {
+        let sizes: Vec<usize> = request
+            .container_requests
+            .iter()
+            .map(|r| r.devices_ids.len())
+            .collect();
+        self.await_candidates(&sizes).await;
         let started = Instant::now();
         let result = self.allocate_inner(request);
         self.node.metrics.observe_allocate(started.elapsed());

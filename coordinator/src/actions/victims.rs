@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::cycle::EvictionReason;
+use crate::cycle::{EvictionReason, Reason};
 use crate::placement::PodDemand;
 
 /// Demand, action kind, queue and priority of a single-pod victim search.
@@ -65,7 +65,11 @@ impl Engine<'_> {
             }
             Mode::Reclaim(q) => {
                 // Every queue that loses (on the victims' path but not the reclaimer's) must
-                // stay at or above its fair share, hence above its deserved quota.
+                // stay at or above its deserved quota in every resource, and at or above its
+                // fair share in every resource it is contended for (fair share below demand).
+                // A resource a queue gets all it asks for (fair share = demand, typically CPU
+                // and memory next to scarce GPUs) does not protect it: evicting a GPU pod also
+                // returns that pod's CPU, and holding that CPU is no claim on the GPU.
                 let mut loss: Vec<(usize, [u64; 3])> = Vec::new();
                 for &v in set {
                     let Some(vq) = self.ctx.pods[v as usize].queue else {
@@ -86,12 +90,10 @@ impl Engine<'_> {
                     return false; // same queue: that is preemption, not reclaim
                 }
                 // The reclaimer's ancestors that gain (those not shared with the victims) must
-                // stay within their fair share too.
-                let mut moved = [0u64; 3];
-                for &v in set {
-                    let u = self.used_by(v);
-                    (0..3).for_each(|k| moved[k] += u[k]);
-                }
+                // stay within their fair share too. They gain what the reclaiming pod requests,
+                // not what the victims held (the rest of that stays free).
+                let req = self.ctx.pods[p as usize].request;
+                let moved = [req.gpu_milli, req.cpu_milli, req.memory_mib];
                 let victim_paths: Vec<usize> = set
                     .iter()
                     .filter_map(|&v| self.ctx.pods[v as usize].queue)
@@ -111,15 +113,16 @@ impl Engine<'_> {
                         })
                     });
                 if !gain_ok {
-                    eprintln!("  gain not ok");
                     return false;
                 }
-                for (a, l) in &loss { eprintln!("  loss {} {:?} alloc {:?} fair {:?}", self.ctx.tree.nodes[*a].name, l, self.st.queue_alloc[*a], self.shares[*a].fair); }
                 loss.iter().all(|(a, l)| {
+                    let share = &self.shares[*a];
                     (0..3).all(|k| {
+                        let left = self.st.queue_alloc[*a][k] as f64 - l[k] as f64;
+                        let contended = share.fair[k] + SHARE_EPS < share.demand[k];
                         l[k] == 0
-                            || self.st.queue_alloc[*a][k] as f64 - l[k] as f64
-                                >= self.shares[*a].fair[k] - SHARE_EPS
+                            || (left >= share.deserved[k] - SHARE_EPS
+                                && (!contended || left >= share.fair[k] - SHARE_EPS))
                     })
                 })
             }
@@ -354,7 +357,6 @@ impl Engine<'_> {
                     continue;
                 };
                 let req = self.request_of(&gang);
-                eprintln!("RECLAIM q={} req={:?} alloc={:?} fair={:?} within={} lim={:?} recl={} free={}", self.ctx.tree.nodes[q].name, req, self.st.queue_alloc[q], self.shares[q].fair, self.within_fair(q, req), self.over_limit(q, req), self.reclaimable_gpu(q), self.st.index.free_gpu_milli());
                 if !self.within_fair(q, req)
                     || self.over_limit(q, req).is_some()
                     || (req[0] > 0
@@ -362,7 +364,11 @@ impl Engine<'_> {
                 {
                     continue;
                 }
+                let blocked = Reason::NoReclaimVictims {
+                    queue: self.ctx.tree.nodes[q].name.clone(),
+                };
                 if self.victim_search_failed(&gang, Mode::Reclaim(q)) {
+                    gang.iter().for_each(|&p| self.note(p, blocked.clone()));
                     continue;
                 }
                 tried += 1;
@@ -371,6 +377,9 @@ impl Engine<'_> {
                 }
                 let ok = self.try_job(j as usize, Mode::Reclaim(q));
                 self.record_victim_search(&gang, Mode::Reclaim(q), ok);
+                if !ok {
+                    gang.iter().for_each(|&p| self.note(p, blocked.clone()));
+                }
             }
         }
     }

@@ -253,6 +253,12 @@ impl Default for ScoreWeights {
     }
 }
 
+/// `(integer FGD score, exact fragmentation decrease)` of one GPU choice inside a node.
+type GpuRank = [i64; 2];
+
+/// `(gpu index, compute milli, memory MiB)` of one chosen GPU.
+type Slice = (u32, u32, u64);
+
 /// Resolution of the exact fragmentation change that picks GPUs inside a node (1e-6 milli-GPU),
 /// so float noise does not break real ties.
 const DELTA_SCALE: f64 = 1e6;
@@ -411,9 +417,10 @@ pub fn place_on_node(
         return Err(Misfit::GpuShare);
     }
     if count == 1 {
-        // The GPU with the best (integer score, exact fragmentation change) wins, the lowest
-        // index among equals. Identical GPU states give identical results: evaluate each once.
-        let mut best: Option<([i64; 2], (u32, u32, u64))> = None;
+        // The GPU with the best (integer score, exact fragmentation change) wins; among equals
+        // the one left with the least free share (best fit keeps whole GPUs whole), then the
+        // lowest index. Identical GPU states give identical results: evaluate each once.
+        let mut best: Option<(GpuRank, u32, Slice)> = None;
         let mut seen: Vec<(u32, u64, u64, bool)> = Vec::new();
         for &(i, c, m) in &cands {
             let g = &node.gpus[i as usize];
@@ -438,11 +445,12 @@ pub fn place_on_node(
                 score_of(after, 0.0),
                 ((before - after) * DELTA_SCALE).round() as i64,
             ];
-            if best.is_none_or(|(b, _)| rank > b) {
-                best = Some((rank, (i, c, m)));
+            let left = g.compute_free - c;
+            if best.is_none_or(|(b, bl, _)| rank > b || (rank == b && left < bl)) {
+                best = Some((rank, left, (i, c, m)));
             }
         }
-        let (rank, pick) = best.ok_or(Misfit::GpuShare)?;
+        let (rank, _, pick) = best.ok_or(Misfit::GpuShare)?;
         return Ok(GpuChoice {
             gpus: vec![pick],
             score: node_score(rank[0]),

@@ -13,8 +13,8 @@ mod nvlink;
 mod topology;
 
 pub use gpu_fit::{
-    GPU_MILLI, GPU_MILLI_U64, GpuChoice, GpuFree, Misfit, NodeCapacity, NodeScore, PodDemand, ScoreWeights,
-    check_fit, demand_on_gpu, place_on_node,
+    GPU_MILLI, GPU_MILLI_U64, GpuChoice, GpuFree, Misfit, NodeCapacity, NodeScore, PodDemand,
+    ScoreWeights, check_fit, demand_on_gpu, place_on_node,
 };
 pub use index::CapacityIndex;
 pub use mix::{ModelIds, shape_mix_of, task_shape};

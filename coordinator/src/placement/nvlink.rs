@@ -41,7 +41,7 @@ pub fn pick_set(gpus: &[GpuFree], cands: &[u32], count: usize) -> Option<(Vec<u3
     }
     // Otherwise span as few groups as possible: biggest first, equal sizes in the caller's
     // order of preference (the sort is stable).
-    groups.sort_by(|a, b| b.1.len().cmp(&a.1.len()));
+    groups.sort_by_key(|g| std::cmp::Reverse(g.1.len()));
     let mut out = Vec::with_capacity(count);
     let mut spanned = 0;
     for (_, v) in &groups {
