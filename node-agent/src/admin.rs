@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
+use crate::enforce::usage::PodMeter;
 use crate::gpu::short_uuid;
 use crate::gpu::sim::SimBackend;
 use crate::node::Node;
@@ -54,8 +55,16 @@ pub struct PodShare {
     pub share_percent: u32,
     /// Memory limit, MiB.
     pub memory_limit_mib: u64,
-    /// Measured memory, MiB, when the pod's processes are known.
+    /// Pod UID, when the assignment source knows it.
+    #[serde(default)]
+    pub pod_uid: Option<String>,
+    /// Measured memory of the pod's processes on this GPU, MiB; `None` when the pod's
+    /// UID is unknown (its processes cannot be attributed). Measured per pod: two
+    /// containers of one pod on one GPU show the same figure.
     pub memory_used_mib: Option<u64>,
+    /// Measured SM utilisation of the pod's processes on this GPU, percent.
+    #[serde(default)]
+    pub utilization_percent: Option<u32>,
     /// How the limits are enforced.
     pub enforcement: String,
     /// `assigned`, `whole` or `recovered`.
@@ -91,6 +100,13 @@ pub struct GpuStatus {
     pub nvlink_peers: Vec<u32>,
     /// Holders.
     pub pods: Vec<PodShare>,
+    /// Processes on this GPU that belong to no pod holding a share of it (host
+    /// processes, unrecognised cgroups, pods without a share). Never acted on.
+    #[serde(default)]
+    pub unknown_processes: u32,
+    /// Memory those processes hold, MiB.
+    #[serde(default)]
+    pub unknown_memory_mib: u64,
 }
 
 /// `tessera-agent status --json`.
@@ -141,6 +157,8 @@ pub struct AdminContext {
     pub assignments: String,
     /// The simulated backend, for `inject-xid`.
     pub sim: Option<Arc<SimBackend>>,
+    /// Attributes GPU processes to pods.
+    pub meter: PodMeter,
 }
 
 impl AdminContext {
@@ -148,14 +166,25 @@ impl AdminContext {
     pub fn status(&self) -> StatusReport {
         let node = &self.node;
         let shares = node.options().shares_per_gpu;
+        // Sampled and attributed before taking the ledger lock: reading cgroup files
+        // must not hold up Allocate.
+        let readings: Vec<_> = node
+            .devices()
+            .iter()
+            .map(|d| {
+                let sample = node.backend().sample(&d.uuid).unwrap_or_default();
+                let usage = self.meter.usage(&sample.processes);
+                (sample, usage)
+            })
+            .collect();
         let ledger = node.ledger.lock();
         let topology = node.topology();
         let gpus = node
             .devices()
             .iter()
+            .zip(readings)
             .enumerate()
-            .map(|(pos, d)| {
-                let sample = node.backend().sample(&d.uuid).unwrap_or_default();
+            .map(|(pos, (d, (sample, mut usage)))| {
                 let health = node.health(&d.uuid);
                 let mig_uuids: Vec<&str> =
                     d.mig.iter().flatten().map(|m| m.uuid.as_str()).collect();
@@ -168,6 +197,10 @@ impl AdminContext {
                         .filter(|g| g.uuid == d.uuid || mig_uuids.contains(&g.uuid.as_str()))
                     {
                         used += if a.is_whole() { shares } else { 1 };
+                        let pod_uid = self.meter.pod_uid(a.pod.as_ref());
+                        let measured = pod_uid
+                            .as_ref()
+                            .map(|uid| usage.pods.get(uid).copied().unwrap_or_default());
                         pods.push(PodShare {
                             pod: a
                                 .pod
@@ -176,8 +209,9 @@ impl AdminContext {
                             container: a.container.clone().unwrap_or_else(|| "-".to_owned()),
                             share_percent: g.compute_milli.div_ceil(10),
                             memory_limit_mib: g.memory_mib,
-                            // Mapping processes to pods needs the cgroup watchdog.
-                            memory_used_mib: None,
+                            pod_uid,
+                            memory_used_mib: measured.map(|m| m.memory_used_mib),
+                            utilization_percent: measured.map(|m| m.sm_percent),
                             enforcement: "none".to_owned(),
                             origin: serde_json::to_value(a.origin)
                                 .ok()
@@ -186,6 +220,17 @@ impl AdminContext {
                         });
                     }
                 }
+                // What is left belongs to no holder of this GPU.
+                for p in &pods {
+                    if let Some(uid) = &p.pod_uid {
+                        usage.pods.remove(uid);
+                    }
+                }
+                let unknown = usage.pods.values().fold(usage.unknown, |mut acc, u| {
+                    acc.memory_used_mib += u.memory_used_mib;
+                    acc.processes += u.processes;
+                    acc
+                });
                 GpuStatus {
                     index: d.index,
                     uuid: d.uuid.clone(),
@@ -207,6 +252,8 @@ impl AdminContext {
                         .map(|p| topology.gpus()[p].index)
                         .collect(),
                     pods,
+                    unknown_processes: unknown.processes,
+                    unknown_memory_mib: unknown.memory_used_mib,
                 }
             })
             .collect();
@@ -391,15 +438,26 @@ pub fn render_status(report: &StatusReport) -> String {
             let used = p
                 .memory_used_mib
                 .map_or_else(|| "-".to_owned(), |m| m.to_string());
+            let util = p
+                .utilization_percent
+                .map_or_else(|| "-".to_owned(), |u| format!("{u}%"));
             let _ = writeln!(
                 out,
-                "     {:<32} share {:>3}%  limit {:>6} MiB  used {:>6} MiB  enforce {}  ({})",
+                "     {:<32} share {:>3}%  limit {:>6} MiB  used {:>6} MiB  util {:>4}  enforce {}  ({})",
                 truncate(&format!("{} [{}]", p.pod, p.container), 32),
                 p.share_percent,
                 p.memory_limit_mib,
                 used,
+                util,
                 p.enforcement,
                 p.origin
+            );
+        }
+        if g.unknown_processes > 0 {
+            let _ = writeln!(
+                out,
+                "     unknown processes: {} using {} MiB (no pod holding this GPU; not acted on)",
+                g.unknown_processes, g.unknown_memory_mib
             );
         }
     }

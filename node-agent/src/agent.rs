@@ -12,6 +12,7 @@ use tokio::task::JoinHandle;
 
 use crate::admin::{self, AdminContext, AdminError};
 use crate::assignments::AssignmentSource;
+use crate::enforce::usage::{PodMeter, ProcessAttribution};
 use crate::gpu::{Backend, GpuError};
 use crate::ledger::{Ledger, LedgerError};
 use crate::node::{GPU_RESOURCE, Node, NodeOptions, mig_resource};
@@ -72,6 +73,9 @@ pub struct AgentConfig {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// The coordinator endpoint (`http://host:port`), if reporting.
     pub coordinator: Option<String>,
+    /// Where process cgroups are read to attribute GPU processes to pods (`/proc`;
+    /// the DaemonSet runs with `hostPID`, so NVML's host PIDs are valid there).
+    pub proc_root: PathBuf,
 }
 
 /// A running agent.
@@ -199,6 +203,10 @@ async fn run(
     watching: Arc<AtomicBool>,
 ) -> Result<(), AgentError> {
     let mut background: Vec<JoinHandle<()>> = Vec::new();
+    let meter = PodMeter::new(
+        ProcessAttribution::new(config.proc_root.clone()),
+        Arc::clone(&config.source),
+    );
 
     // XID watcher: the backend's wait blocks, so it gets its own thread.
     let xid_thread = {
@@ -225,6 +233,7 @@ async fn run(
             endpoint,
             Arc::clone(&node),
             config.node_name.clone(),
+            meter.clone(),
         )));
     }
 
@@ -241,6 +250,7 @@ async fn run(
             node_name: config.node_name.clone(),
             assignments: config.source.kind().to_owned(),
             sim: config.backend.sim().cloned(),
+            meter: meter.clone(),
         });
         background.push(tokio::spawn(admin::serve(listener, ctx)));
     }

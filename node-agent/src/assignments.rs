@@ -112,6 +112,13 @@ pub trait AssignmentSource: Send + Sync + 'static {
         let _ = pod;
         None
     }
+
+    /// The UID of `pod` (`metadata.uid`), which names its cgroups; `None` when unknown,
+    /// and then its processes cannot be told apart from unknown ones.
+    fn pod_uid(&self, pod: &PodRef) -> Option<String> {
+        let _ = pod;
+        None
+    }
 }
 
 /// `--no-kube`: no cluster, no assignments; every request gets whole free GPUs.
@@ -142,6 +149,7 @@ struct StaticInner {
     pods: Vec<PendingPod>,
     assignments: Vec<(PodRef, Assignment)>,
     allocated: Vec<(PodRef, String)>,
+    uids: Vec<(PodRef, String)>,
 }
 
 impl StaticAssignments {
@@ -182,6 +190,13 @@ impl StaticAssignments {
             created_unix_ms,
             containers,
         });
+    }
+
+    /// Gives `pod` the UID `uid` (as the API server would in `metadata.uid`).
+    pub fn set_uid(&self, pod: PodRef, uid: impl Into<String>) {
+        let mut inner = self.inner.lock();
+        inner.uids.retain(|(p, _)| *p != pod);
+        inner.uids.push((pod, uid.into()));
     }
 
     /// Every `(pod, container)` marked allocated so far, in order.
@@ -236,6 +251,15 @@ impl AssignmentSource for StaticAssignments {
             .iter()
             .find(|(p, _)| p == pod)
             .map(|(_, a)| a.clone())
+    }
+
+    fn pod_uid(&self, pod: &PodRef) -> Option<String> {
+        self.inner
+            .lock()
+            .uids
+            .iter()
+            .find(|(p, _)| p == pod)
+            .map(|(_, u)| u.clone())
     }
 }
 

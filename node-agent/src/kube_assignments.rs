@@ -28,6 +28,8 @@ use crate::node::GPU_RESOURCE;
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Entry {
     pending: PendingPod,
+    /// `metadata.uid`: how the pod's processes are recognised by their cgroups.
+    uid: Option<String>,
     assignment: Option<Assignment>,
     allocated: bool,
 }
@@ -116,6 +118,7 @@ fn read_pod(pod: &Pod) -> Result<Option<Entry>, String> {
     };
     Ok(Some(Entry {
         pending,
+        uid: meta.uid.clone(),
         assignment,
         allocated: annotations.is_some_and(|a| a.contains_key(ALLOCATED_ANNOTATION)),
     }))
@@ -280,6 +283,10 @@ impl AssignmentSource for KubeAssignments {
             .get(pod)
             .and_then(|e| e.assignment.clone())
     }
+
+    fn pod_uid(&self, pod: &PodRef) -> Option<String> {
+        self.state.read().pods.get(pod).and_then(|e| e.uid.clone())
+    }
 }
 
 #[cfg(test)]
@@ -289,6 +296,7 @@ mod tests {
     fn pod(annotations: serde_json::Value, limit: &str) -> Pod {
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": "p", "namespace": "ml", "annotations": annotations,
+                         "uid": "6a1f0c2e-8b3d-4c5e-9f70-1a2b3c4d5e6f",
                          "creationTimestamp": "2026-01-01T00:00:01Z"},
             "spec": {"nodeName": "n", "containers": [
                 {"name": "main", "resources": {"limits": {"nvidia.com/gpu": limit}}},
@@ -311,6 +319,10 @@ mod tests {
             "GPU-a"
         );
         assert_eq!(entry.pending.created_unix_ms, 1_767_225_601_000);
+        assert_eq!(
+            entry.uid.as_deref(),
+            Some("6a1f0c2e-8b3d-4c5e-9f70-1a2b3c4d5e6f")
+        );
         assert!(!entry.allocated);
     }
 

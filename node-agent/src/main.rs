@@ -97,6 +97,10 @@ struct RunArgs {
     /// Address for `/metrics` and `/healthz`, or `none`.
     #[arg(long, default_value = "0.0.0.0:9090")]
     metrics_addr: String,
+    /// Where process cgroups are read to map GPU processes to pods. NVML reports host
+    /// PIDs, so this is the host's /proc (the DaemonSet runs with hostPID).
+    #[arg(long, default_value = tessera_agent::enforce::usage::DEFAULT_PROC_ROOT)]
+    proc_root: PathBuf,
     /// Seconds between reconciles with the kubelet's pod-resources API.
     #[arg(long, default_value_t = 30)]
     reconcile_interval_secs: u64,
@@ -199,6 +203,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         reconcile_grace: Duration::from_secs(30),
         metrics_addr,
         coordinator,
+        proc_root: args.proc_root,
     };
     let agent = Agent::start(config).await.context("starting the agent")?;
     let stopper = agent.stopper();

@@ -12,6 +12,7 @@ use tessera_proto::tessera::v1::agent_service_client::AgentServiceClient;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
+use crate::enforce::usage::PodMeter;
 use crate::gpu::PcieRelation;
 use crate::ledger::now_unix_ms;
 use crate::node::Node;
@@ -90,15 +91,27 @@ fn health(healthy: bool) -> pb::Health {
     }
 }
 
-/// Who holds what on every GPU, with live readings.
-pub fn occupancy(node: &Node) -> pb::Occupancy {
+/// Who holds what on every GPU, with live readings (per share: measured through
+/// `meter`, zero with an empty `pod_uid` when the pod's UID is unknown).
+pub fn occupancy(node: &Node, meter: &PodMeter) -> pb::Occupancy {
+    // Sampled and attributed before taking the ledger lock: reading cgroup files must
+    // not hold up Allocate.
+    let readings: Vec<_> = node
+        .devices()
+        .iter()
+        .map(|d| {
+            let sample = node.backend().sample(&d.uuid).unwrap_or_default();
+            let usage = meter.usage(&sample.processes);
+            (sample, usage)
+        })
+        .collect();
     let ledger = node.ledger.lock();
     let gpus = node
         .devices()
         .iter()
-        .map(|d| {
+        .zip(readings)
+        .map(|(d, (sample, usage))| {
             let h = node.health(&d.uuid);
-            let sample = node.backend().sample(&d.uuid).unwrap_or_default();
             let mig: Vec<&str> = d.mig.iter().flatten().map(|m| m.uuid.as_str()).collect();
             let shares = ledger
                 .allocations()
@@ -109,8 +122,16 @@ pub fn occupancy(node: &Node) -> pb::Occupancy {
                         .filter(|g| g.uuid == d.uuid || mig.contains(&g.uuid.as_str()))
                         .map(move |g| (a, g))
                 })
-                .map(|(a, g)| pb::Share {
-                    pod_uid: String::new(),
+                .map(|(a, g)| {
+                    let uid = meter.pod_uid(a.pod.as_ref());
+                    let measured = uid
+                        .as_ref()
+                        .and_then(|u| usage.pods.get(u).copied())
+                        .unwrap_or_default();
+                    (a, g, uid.unwrap_or_default(), measured)
+                })
+                .map(|(a, g, pod_uid, measured)| pb::Share {
+                    pod_uid,
                     pod_namespace: a
                         .pod
                         .as_ref()
@@ -120,8 +141,8 @@ pub fn occupancy(node: &Node) -> pb::Occupancy {
                     container: a.container.clone().unwrap_or_default(),
                     memory_limit_mib: g.memory_mib,
                     compute_percent: g.compute_milli.div_ceil(10),
-                    measured_memory_mib: 0,
-                    measured_utilization_percent: 0,
+                    measured_memory_mib: measured.memory_used_mib,
+                    measured_utilization_percent: measured.sm_percent,
                     isolation: if mig.contains(&g.uuid.as_str()) {
                         pb::Isolation::Mig
                     } else {
@@ -169,10 +190,10 @@ enum SessionEnd {
 }
 
 /// Reports to the coordinator at `endpoint` (`http://host:port`) until dropped.
-pub async fn run(endpoint: String, node: Arc<Node>, node_name: String) {
+pub async fn run(endpoint: String, node: Arc<Node>, node_name: String, meter: PodMeter) {
     let mut failures: u32 = 0;
     loop {
-        match session(&endpoint, &node, &node_name, &mut failures).await {
+        match session(&endpoint, &node, &node_name, &meter, &mut failures).await {
             Ok(()) => return,
             Err(error) => {
                 tracing::warn!(%endpoint, %error, "coordinator stream ended; reconnecting")
@@ -190,6 +211,7 @@ async fn session(
     endpoint: &str,
     node: &Node,
     node_name: &str,
+    meter: &PodMeter,
     failures: &mut u32,
 ) -> Result<(), SessionEnd> {
     let channel = tonic::transport::Endpoint::from_shared(endpoint.to_owned())
@@ -234,14 +256,14 @@ async fn session(
                             tick.tick().await;
                         }
                         tracing::info!(coordinator = %w.coordinator_id, "connected to the coordinator");
-                        send(msg(pb::agent_message::Body::Occupancy(occupancy(node))))?;
+                        send(msg(pb::agent_message::Body::Occupancy(occupancy(node, meter))))?;
                     }
                     Some(pb::coordinator_message::Body::Reject(r)) => {
                         return Err(SessionEnd::Rejected { ours: pb::PROTOCOL_VERSION, reason: r.reason });
                     }
                     Some(pb::coordinator_message::Body::Resync(_)) => {
                         send(msg(pb::agent_message::Body::Inventory(inventory(node, node_name))))?;
-                        send(msg(pb::agent_message::Body::Occupancy(occupancy(node))))?;
+                        send(msg(pb::agent_message::Body::Occupancy(occupancy(node, meter))))?;
                     }
                     Some(pb::coordinator_message::Body::Heartbeat(_)) | None => {}
                 }
@@ -269,7 +291,7 @@ async fn session(
                         })))?;
                     }
                 }
-                send(msg(pb::agent_message::Body::Occupancy(occupancy(node))))?;
+                send(msg(pb::agent_message::Body::Occupancy(occupancy(node, meter))))?;
             }
         }
     }

@@ -98,9 +98,9 @@ async fn run_then_status_and_topology_over_the_admin_socket() {
 node node-a   gpu backend sim   assignments none
 GPU  UUID      MODEL                         MEMORY MiB  UTIL HEALTH          SHARES  NVLINK
 0    {0}  L40S                             0/46068    0% healthy          10/10  -
-     - [-]                            share 100%  limit  46068 MiB  used      - MiB  enforce none  (whole)
+     - [-]                            share 100%  limit  46068 MiB  used      - MiB  util    -  enforce none  (whole)
 1    {1}  L40S                             0/46068    0% healthy          10/10  -
-     - [-]                            share 100%  limit  46068 MiB  used      - MiB  enforce none  (whole)
+     - [-]                            share 100%  limit  46068 MiB  used      - MiB  util    -  enforce none  (whole)
 2    {2}  L40S                             0/46068    0% healthy           0/10  -
 3    {3}  L40S                             0/46068    0% healthy           0/10  -
 ",

@@ -67,7 +67,28 @@ impl Harness {
             reconcile_grace: Duration::ZERO,
             metrics_addr: None,
             coordinator: None,
+            proc_root: self.proc_root(),
         }
+    }
+
+    /// A fake `/proc` tree under the temp dir (empty until a test writes cgroups).
+    pub fn proc_root(&self) -> PathBuf {
+        self.dir.path().join("proc")
+    }
+
+    /// Makes `pid` look like a process of the container `container_id` of pod `uid`
+    /// (cgroup v2, systemd driver, containerd).
+    pub fn fake_pod_process(&self, pid: u32, uid: &str, container_id: &str) {
+        let dir = self.proc_root().join(pid.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("cgroup"),
+            format!(
+                "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{container_id}.scope\n",
+                uid.replace('-', "_")
+            ),
+        )
+        .unwrap();
     }
 
     pub fn admin_socket(&self) -> PathBuf {
