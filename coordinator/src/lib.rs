@@ -5,8 +5,13 @@
 //! `sim` drives the core (and the published baseline policies) over traces.
 
 pub mod actions;
+pub mod agents;
+pub mod cluster;
+pub mod crd;
 pub mod cycle;
 pub mod fairshare;
 pub mod model;
+pub mod ops;
 pub mod placement;
 pub mod sim;
+pub mod translate;

@@ -23,11 +23,86 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run as the cluster's scheduler.
-    Run,
+    Run(Box<RunArgs>),
     /// Run the scheduling core offline over a workload (no arguments: the bundled sample).
     Simulate(SimulateArgs),
-    /// Print the CustomResourceDefinitions.
-    Crds,
+    /// Print the CustomResourceDefinitions (Queue, PodGroup, Topology) as multi-document YAML.
+    Crds(CrdsArgs),
+}
+
+#[derive(Args, Debug)]
+struct CrdsArgs {
+    /// Write one file per CRD (`queues.yaml`, `podgroups.yaml`, `topologies.yaml`) into this
+    /// directory instead of printing them (e.g. `--out deploy/crds`).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// Pods whose `spec.schedulerName` is this are scheduled by this coordinator.
+    #[arg(long, default_value = "tessera")]
+    scheduler_name: String,
+    /// This replica's identity in the leader Lease (default: the pod name from the
+    /// POD_NAME environment variable, else the host name).
+    #[arg(long)]
+    identity: Option<String>,
+    /// Namespace of the leader Lease.
+    #[arg(long, default_value = "tessera-system")]
+    lease_namespace: String,
+    /// Name of the leader Lease.
+    #[arg(long, default_value = "tessera-coordinator")]
+    lease_name: String,
+    /// Seconds a Lease stays valid after its last renewal; a standby takes over this long
+    /// after the leader dies.
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    lease_duration_secs: u64,
+    /// Seconds between renewals by the leader (and polls by standbys); less than two thirds
+    /// of the lease duration.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    renew_secs: u64,
+    /// Address of the agent gRPC service (`host:port`), or `none`.
+    #[arg(long, default_value = "0.0.0.0:7070")]
+    agent_listen: String,
+    /// Address of `/metrics`, `/healthz` and `/readyz` (`host:port`), or `none`.
+    #[arg(long, default_value = "0.0.0.0:9090")]
+    metrics_listen: String,
+    /// How agents authenticate: `tokenreview` (their ServiceAccount token, checked with a
+    /// TokenReview) or `none` (development only: any client may report for any node).
+    #[arg(long, value_enum, default_value_t = AgentAuth::Tokenreview)]
+    agent_auth: AgentAuth,
+    /// Usernames allowed to report as agents, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = tessera_coordinator::agents::DEFAULT_AGENT_USER
+    )]
+    agent_users: Vec<String>,
+    /// Seconds without word from a node's agent after which the node gets no new GPU pods.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    agent_timeout_secs: u64,
+    /// Milliseconds between scheduling cycles when nothing changes.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
+    cycle_interval_ms: u64,
+    /// Log line format.
+    #[arg(long, value_enum, default_value_t = LogFormatArg::Text)]
+    log_format: LogFormatArg,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum AgentAuth {
+    /// Check ServiceAccount tokens with TokenReview.
+    Tokenreview,
+    /// No authentication (development only).
+    None,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LogFormatArg {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 #[derive(Args, Debug)]
@@ -103,7 +178,8 @@ fn main() -> anyhow::Result<()> {
             Some(SimMode::Fill(f)) => fill_cmd(&f),
             Some(SimMode::Replay(r)) => replay_cmd(&r),
         },
-        Command::Run | Command::Crds => anyhow::bail!("not implemented yet"),
+        Command::Crds(args) => crds_cmd(&args),
+        Command::Run(args) => run_cmd(*args),
     }
 }
 
@@ -228,6 +304,141 @@ fn peak_rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn crds_cmd(args: &CrdsArgs) -> anyhow::Result<()> {
+    match &args.out {
+        None => print!("{}", tessera_coordinator::crd::all_yaml()?),
+        Some(dir) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            for (name, text) in tessera_coordinator::crd::files()? {
+                let path = dir.join(name);
+                std::fs::write(&path, text)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                eprintln!("wrote {}", path.display());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `host:port` or `none` for a listen flag.
+fn parse_listen(flag: &str, value: &str) -> anyhow::Result<Option<std::net::SocketAddr>> {
+    if value.eq_ignore_ascii_case("none") {
+        return Ok(None);
+    }
+    value.parse().map(Some).with_context(|| {
+        format!("{flag} {value:?}: expected host:port such as 0.0.0.0:7070, or none")
+    })
+}
+
+/// The pod name, else the host name.
+fn default_identity() -> anyhow::Result<String> {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()));
+    host.context("--identity: not given, POD_NAME is unset and the host name is unknown; pass --identity <unique replica name>")
+}
+
+fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
+    use tessera_coordinator::agents::Authenticator;
+    use tessera_coordinator::cluster::leader::LeaseConfig;
+    use tessera_coordinator::cluster::{Coordinator, CoordinatorConfig};
+    use tessera_coordinator::ops::logs::{self, LogFormat};
+
+    logs::init(match args.log_format {
+        LogFormatArg::Text => LogFormat::Text,
+        LogFormatArg::Json => LogFormat::Json,
+    })
+    .map_err(|e| anyhow::anyhow!("installing the log subscriber: {e}"))?;
+    let identity = args
+        .identity
+        .or_else(|| std::env::var("POD_NAME").ok())
+        .filter(|i| !i.is_empty());
+    let identity = match identity {
+        Some(identity) => identity,
+        None => default_identity()?,
+    };
+    let lease = LeaseConfig {
+        namespace: args.lease_namespace,
+        name: args.lease_name,
+        duration: Duration::from_secs(args.lease_duration_secs),
+        renew_every: Duration::from_secs(args.renew_secs),
+    };
+    lease
+        .validate()
+        .context("--lease-duration-secs / --renew-secs")?;
+    let agent_listen = parse_listen("--agent-listen", &args.agent_listen)?;
+    let metrics_listen = parse_listen("--metrics-listen", &args.metrics_listen)?;
+    let agent_users: Vec<String> = args
+        .agent_users
+        .iter()
+        .map(|u| u.trim().to_owned())
+        .filter(|u| !u.is_empty())
+        .collect();
+    anyhow::ensure!(
+        args.agent_auth == AgentAuth::None || !agent_users.is_empty(),
+        "--agent-users: expected at least one username such as {}",
+        tessera_coordinator::agents::DEFAULT_AGENT_USER
+    );
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let client = kube::Client::try_default()
+            .await
+            .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+        let authenticator = match args.agent_auth {
+            AgentAuth::Tokenreview => Authenticator::token_review(client.clone(), agent_users),
+            AgentAuth::None => {
+                tracing::warn!("agent authentication is off: any client may report for any node");
+                Authenticator::Disabled
+            }
+        };
+        let config = CoordinatorConfig {
+            scheduler_name: args.scheduler_name,
+            identity: identity.clone(),
+            lease,
+            agent_listen,
+            metrics_listen,
+            authenticator,
+            agent_timeout: Duration::from_secs(args.agent_timeout_secs),
+            cycle_interval: Duration::from_millis(args.cycle_interval_ms),
+            ..CoordinatorConfig::default()
+        };
+        let signal = termination_signal().context("installing signal handlers")?;
+        let handle = Coordinator::start(client, config)
+            .await
+            .context("starting the coordinator")?;
+        tracing::info!(
+            %identity,
+            agents = ?handle.agent_addr(),
+            metrics = ?handle.metrics_addr(),
+            "coordinator started"
+        );
+        signal.await;
+        tracing::info!("stopping: finishing the cycle, releasing the lease");
+        handle.shutdown().await;
+        tracing::info!("stopped");
+        Ok(())
+    })
+}
+
+/// Resolves on the first SIGTERM or SIGINT.
+fn termination_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
 }
 
 fn sample_cmd() -> anyhow::Result<()> {

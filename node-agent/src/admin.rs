@@ -65,7 +65,8 @@ pub struct PodShare {
     /// Measured SM utilisation of the pod's processes on this GPU, percent.
     #[serde(default)]
     pub utilization_percent: Option<u32>,
-    /// How the limits are enforced.
+    /// The enforcement state: `ok`, `warned`, `throttled N%` (its processes run N% of
+    /// the time), `killed`, or `none` (not enforced).
     pub enforcement: String,
     /// `assigned`, `whole` or `recovered`.
     pub origin: String,
@@ -201,6 +202,11 @@ impl AdminContext {
                         let measured = pod_uid
                             .as_ref()
                             .map(|uid| usage.pods.get(uid).copied().unwrap_or_default());
+                        let enforcement = node
+                            .metrics
+                            .enforcement
+                            .state(pod_uid.as_deref(), &g.uuid)
+                            .label();
                         pods.push(PodShare {
                             pod: a
                                 .pod
@@ -212,7 +218,7 @@ impl AdminContext {
                             pod_uid,
                             memory_used_mib: measured.map(|m| m.memory_used_mib),
                             utilization_percent: measured.map(|m| m.sm_percent),
-                            enforcement: "none".to_owned(),
+                            enforcement,
                             origin: serde_json::to_value(a.origin)
                                 .ok()
                                 .and_then(|v| v.as_str().map(str::to_owned))

@@ -73,9 +73,19 @@ pub struct AgentConfig {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// The coordinator endpoint (`http://host:port`), if reporting.
     pub coordinator: Option<String>,
+    /// The ServiceAccount token presented to the coordinator (read on every connect).
+    pub coordinator_token_file: Option<PathBuf>,
     /// Where process cgroups are read to attribute GPU processes to pods (`/proc`;
     /// the DaemonSet runs with `hostPID`, so NVML's host PIDs are valid there).
     pub proc_root: PathBuf,
+    /// The watchdog's settings; `None` turns it off (no pod is enforced).
+    pub watchdog: Option<crate::enforce::watchdog::WatchdogConfig>,
+    /// Where pod Events go (the API server, or the log without a cluster).
+    pub events: Arc<dyn crate::events::EventSink>,
+    /// MPS daemons for `isolation: mps` pods (`--mps-control`, `--mps-dir`, `--mps-idle-secs`).
+    pub mps: crate::enforce::mps::MpsConfig,
+    /// MIG instance creation for `isolation: mig` pods (`--mig-create`).
+    pub mig: crate::enforce::mig::MigConfig,
 }
 
 /// A running agent.
@@ -86,10 +96,15 @@ pub struct Agent {
     /// otherwise wait for forever when it shuts down.
     watching: Arc<AtomicBool>,
     task: Option<JoinHandle<Result<(), AgentError>>>,
+    /// MPS and MIG supervision, aborted on drop.
+    isolation_tasks: Vec<JoinHandle<()>>,
 }
 
 impl Drop for Agent {
     fn drop(&mut self) {
+        for task in &self.isolation_tasks {
+            task.abort();
+        }
         self.watching.store(false, Ordering::Relaxed);
         let _ = self.stop.send(true);
     }
@@ -100,7 +115,12 @@ impl Agent {
     pub async fn start(config: AgentConfig) -> Result<Self, AgentError> {
         let ledger = Ledger::open(&config.state_dir)?;
         let backend = config.backend.as_dyn();
-        let node = Arc::new(Node::new(Arc::clone(&backend), ledger, config.options)?);
+        // Creating MIG instances needs slots on the GPUs in MIG mode to admit pods on.
+        let options = NodeOptions {
+            mig_slots: config.options.mig_slots || config.mig.create,
+            ..config.options
+        };
+        let node = Arc::new(Node::new(Arc::clone(&backend), ledger, options)?);
         tracing::info!(
             node = %config.node_name,
             backend = backend.kind(),
@@ -137,9 +157,11 @@ impl Agent {
             None => None,
         };
 
+        let (mps, mig) = isolation_managers(&config, &node);
         let mut servers = vec![PluginServer::new(
             PluginConfig::new(GPU_RESOURCE)?.with_socket_dir(&config.device_plugin_dir),
-            GpuPlugin::new(Arc::clone(&node), Arc::clone(&config.source)),
+            GpuPlugin::new(Arc::clone(&node), Arc::clone(&config.source))
+                .with_enforcement(Some(Arc::clone(&mps)), mig.clone()),
         )];
         for profile in node.mig_lists().keys() {
             servers.push(PluginServer::new(
@@ -149,6 +171,7 @@ impl Agent {
             ));
         }
 
+        let enforcers = supervise_isolation(&config, &node, &mps, mig.as_ref());
         let (stop, stop_rx) = watch::channel(false);
         let watching = Arc::new(AtomicBool::new(true));
         let task = tokio::spawn(run(
@@ -165,6 +188,7 @@ impl Agent {
             stop,
             watching,
             task: Some(task),
+            isolation_tasks: enforcers,
         })
     }
 
@@ -208,6 +232,17 @@ async fn run(
         Arc::clone(&config.source),
     );
 
+    // Stopped (and every process it paused resumed) before this function returns.
+    let watchdog = config.watchdog.and_then(|settings| {
+        crate::enforce::watchdog::start_for_node(
+            &node,
+            Arc::clone(&config.source),
+            config.proc_root.clone(),
+            settings,
+            Arc::clone(&config.events),
+        )
+    });
+
     // XID watcher: the backend's wait blocks, so it gets its own thread.
     let xid_thread = {
         let node = Arc::clone(&node);
@@ -229,11 +264,12 @@ async fn run(
     };
 
     if let Some(endpoint) = config.coordinator.clone() {
-        background.push(tokio::spawn(crate::report::run(
+        background.push(tokio::spawn(crate::report::run_authenticated(
             endpoint,
             Arc::clone(&node),
             config.node_name.clone(),
             meter.clone(),
+            config.coordinator_token_file.clone(),
         )));
     }
 
@@ -277,6 +313,26 @@ async fn run(
         }));
     }
 
+    if let Some(mut departures) = config.source.departures() {
+        let node = Arc::clone(&node);
+        background.push(tokio::spawn(async move {
+            while let Some(pod) = departures.recv().await {
+                let released = node.ledger.lock().release_pod(&pod);
+                match released {
+                    Ok(gone) if !gone.is_empty() => {
+                        node.bump();
+                        tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name),
+                            released = gone.len(), "pod left; its GPU shares are free");
+                    }
+                    Ok(_) => {}
+                    Err(error) => {
+                        tracing::warn!(%error, "releasing a departed pod's shares failed")
+                    }
+                }
+            }
+        }));
+    }
+
     let result = run_all(servers, async move {
         let _ = stop.wait_for(|s| *s).await;
     })
@@ -287,9 +343,87 @@ async fn run(
         task.abort();
     }
     let _ = xid_thread.await;
+    if let Some(watchdog) = watchdog {
+        let _ = tokio::task::spawn_blocking(move || watchdog.stop()).await;
+    }
     node.ledger.lock().flush();
     if let Some(path) = &config.admin_socket {
         let _ = std::fs::remove_file(path);
     }
     result.map_err(AgentError::from)
+}
+
+/// Ids of the allocations the ledger holds now.
+fn held_ids(node: &Node) -> std::collections::BTreeSet<u64> {
+    node.ledger
+        .lock()
+        .allocations()
+        .iter()
+        .map(|a| a.id)
+        .collect()
+}
+
+/// The MPS manager (re-attached to the recovered MPS allocations, adopting the daemons
+/// a previous agent left) and the MIG manager when creation is on.
+fn isolation_managers(
+    config: &AgentConfig,
+    node: &Arc<Node>,
+) -> (
+    Arc<crate::enforce::mps::MpsManager>,
+    Option<Arc<crate::enforce::mig::MigManager>>,
+) {
+    use crate::enforce::isolation::Isolation;
+    let mps = Arc::new(crate::enforce::mps::MpsManager::new(config.mps.clone()));
+    mps.adopt_running();
+    for a in node.ledger.lock().allocations() {
+        let is_mps = a
+            .pod
+            .as_ref()
+            .is_some_and(|p| config.source.isolation(p) == Some(Isolation::Mps));
+        if is_mps && a.origin == crate::ledger::Origin::Assigned {
+            for g in &a.grants {
+                mps.attach(&g.uuid, a.id);
+            }
+        }
+    }
+    let mig = config.mig.create.then(|| {
+        let mig = crate::enforce::mig::MigManager::new(
+            Arc::clone(node.backend()),
+            Some(&config.state_dir),
+        );
+        mig.rebind(node.ledger.lock().allocations());
+        Arc::new(mig)
+    });
+    (mps, mig)
+}
+
+/// The supervision tasks: MPS daemons kept alive or stopped when idle, MIG instances
+/// of departed pods destroyed.
+fn supervise_isolation(
+    config: &AgentConfig,
+    node: &Arc<Node>,
+    mps: &Arc<crate::enforce::mps::MpsManager>,
+    mig: Option<&Arc<crate::enforce::mig::MigManager>>,
+) -> Vec<JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    {
+        let node = Arc::clone(node);
+        tasks.push(tokio::spawn(
+            Arc::clone(mps).supervise(move || held_ids(&node)),
+        ));
+    }
+    if let Some(mig) = mig {
+        let (mig, node, every) = (Arc::clone(mig), Arc::clone(node), config.mig.sweep_every);
+        tasks.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let held = held_ids(&node);
+                let mig = Arc::clone(&mig);
+                let _ = tokio::task::spawn_blocking(move || mig.sweep(&held)).await;
+            }
+        }));
+    }
+    tasks
 }

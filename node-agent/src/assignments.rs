@@ -119,6 +119,22 @@ pub trait AssignmentSource: Send + Sync + 'static {
         let _ = pod;
         None
     }
+
+    /// How `pod`'s limits are enforced (`tessera.dev/isolation`); `None` when the
+    /// source does not know, which means the default, the watchdog.
+    fn isolation(&self, pod: &PodRef) -> Option<crate::enforce::isolation::Isolation> {
+        let _ = pod;
+        None
+    }
+
+    /// Pods that left this node (deleted, or finished) as the source learns of it; the
+    /// agent releases their ledger shares at once instead of at the next reconcile, so a
+    /// pod the coordinator places on the freed share is not refused as an overcommit.
+    /// `None` when the source cannot tell (the periodic reconcile still frees them).
+    /// Taken once; later calls return `None`.
+    fn departures(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<PodRef>> {
+        None
+    }
 }
 
 /// `--no-kube`: no cluster, no assignments; every request gets whole free GPUs.
@@ -150,6 +166,7 @@ struct StaticInner {
     assignments: Vec<(PodRef, Assignment)>,
     allocated: Vec<(PodRef, String)>,
     uids: Vec<(PodRef, String)>,
+    isolation: Vec<(PodRef, crate::enforce::isolation::Isolation)>,
 }
 
 impl StaticAssignments {
@@ -197,6 +214,13 @@ impl StaticAssignments {
         let mut inner = self.inner.lock();
         inner.uids.retain(|(p, _)| *p != pod);
         inner.uids.push((pod, uid.into()));
+    }
+
+    /// Gives `pod` the isolation mode `mode` (as its `tessera.dev/isolation` annotation would).
+    pub fn set_isolation(&self, pod: PodRef, mode: crate::enforce::isolation::Isolation) {
+        let mut inner = self.inner.lock();
+        inner.isolation.retain(|(p, _)| *p != pod);
+        inner.isolation.push((pod, mode));
     }
 
     /// Every `(pod, container)` marked allocated so far, in order.
@@ -260,6 +284,15 @@ impl AssignmentSource for StaticAssignments {
             .iter()
             .find(|(p, _)| p == pod)
             .map(|(_, u)| u.clone())
+    }
+
+    fn isolation(&self, pod: &PodRef) -> Option<crate::enforce::isolation::Isolation> {
+        self.inner
+            .lock()
+            .isolation
+            .iter()
+            .find(|(p, _)| p == pod)
+            .map(|(_, m)| *m)
     }
 }
 

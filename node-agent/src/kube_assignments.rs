@@ -13,14 +13,15 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use parking_lot::RwLock;
-use tokio::sync::watch;
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::assignments::{
     ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION, Assignment, AssignmentSource, PendingContainer,
     PendingPod,
 };
+use crate::enforce::isolation::{ISOLATION_ANNOTATION, Isolation};
 use crate::ledger::PodRef;
 use crate::node::GPU_RESOURCE;
 
@@ -31,6 +32,8 @@ struct Entry {
     /// `metadata.uid`: how the pod's processes are recognised by their cgroups.
     uid: Option<String>,
     assignment: Option<Assignment>,
+    /// `tessera.dev/isolation`; `None` when absent (the default, watchdog).
+    isolation: Option<Isolation>,
     allocated: bool,
 }
 
@@ -46,7 +49,17 @@ pub struct KubeAssignments {
     client: kube::Client,
     state: Arc<RwLock<State>>,
     synced: watch::Receiver<bool>,
+    departures: Mutex<Option<mpsc::UnboundedReceiver<PodRef>>>,
     task: JoinHandle<()>,
+}
+
+/// Whether the pod's containers are gone for good: it is finished. A pod that is only
+/// terminating (deletionTimestamp) may still run during its grace period.
+fn is_finished(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
 }
 
 impl Drop for KubeAssignments {
@@ -92,6 +105,10 @@ fn read_pod(pod: &Pod) -> Result<Option<Entry>, String> {
         .and_then(|a| a.get(ASSIGNMENT_ANNOTATION))
         .map(|text| Assignment::from_json(text))
         .transpose()?;
+    let isolation = annotations
+        .and_then(|a| a.get(ISOLATION_ANNOTATION))
+        .map(|text| Isolation::parse(text))
+        .transpose()?;
     let pending = PendingPod {
         pod: PodRef::new(
             meta.namespace.clone().unwrap_or_default(),
@@ -120,6 +137,7 @@ fn read_pod(pod: &Pod) -> Result<Option<Entry>, String> {
         pending,
         uid: meta.uid.clone(),
         assignment,
+        isolation,
         allocated: annotations.is_some_and(|a| a.contains_key(ALLOCATED_ANNOTATION)),
     }))
 }
@@ -129,6 +147,7 @@ impl KubeAssignments {
     pub fn start(client: kube::Client, node_name: &str) -> Self {
         let state = Arc::new(RwLock::new(State::default()));
         let (synced_tx, synced) = watch::channel(false);
+        let (departed_tx, departed_rx) = mpsc::unbounded_channel();
         let api: Api<Pod> = Api::all(client.clone());
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
         let task = {
@@ -158,6 +177,9 @@ impl KubeAssignments {
                             let _ = synced_tx.send(true);
                         }
                         watcher::Event::Apply(pod) => {
+                            if is_finished(&pod) {
+                                let _ = departed_tx.send(pod_ref(&pod));
+                            }
                             let mut s = state.write();
                             match keyed(&pod) {
                                 Some((key, entry)) => {
@@ -170,6 +192,7 @@ impl KubeAssignments {
                         }
                         watcher::Event::Delete(pod) => {
                             let key = pod_ref(&pod);
+                            let _ = departed_tx.send(key.clone());
                             let mut s = state.write();
                             s.pods.remove(&key);
                             s.allocated.retain(|(p, _)| *p != key);
@@ -182,6 +205,7 @@ impl KubeAssignments {
             client,
             state,
             synced,
+            departures: Mutex::new(Some(departed_rx)),
             task,
         }
     }
@@ -287,6 +311,14 @@ impl AssignmentSource for KubeAssignments {
     fn pod_uid(&self, pod: &PodRef) -> Option<String> {
         self.state.read().pods.get(pod).and_then(|e| e.uid.clone())
     }
+
+    fn departures(&self) -> Option<mpsc::UnboundedReceiver<PodRef>> {
+        self.departures.lock().take()
+    }
+
+    fn isolation(&self, pod: &PodRef) -> Option<Isolation> {
+        self.state.read().pods.get(pod).and_then(|e| e.isolation)
+    }
 }
 
 #[cfg(test)]
@@ -343,5 +375,18 @@ mod tests {
         assert!(err.starts_with(ASSIGNMENT_ANNOTATION), "{err}");
         let err = read_pod(&pod(serde_json::json!({}), "half")).unwrap_err();
         assert!(err.contains("not a whole number"), "{err}");
+    }
+
+    #[test]
+    fn reads_the_isolation_mode() {
+        let entry = read_pod(&pod(serde_json::json!({ISOLATION_ANNOTATION: "mps"}), "1"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(entry.isolation, Some(Isolation::Mps));
+        let entry = read_pod(&pod(serde_json::json!({}), "1")).unwrap().unwrap();
+        assert_eq!(entry.isolation, None);
+        let err =
+            read_pod(&pod(serde_json::json!({ISOLATION_ANNOTATION: "hard"}), "1")).unwrap_err();
+        assert!(err.starts_with(ISOLATION_ANNOTATION), "{err}");
     }
 }

@@ -330,6 +330,19 @@ impl Ledger {
         Ok(gone)
     }
 
+    /// Drops every allocation of `pod` (it was deleted or finished) and checkpoints;
+    /// returns them.
+    pub fn release_pod(&mut self, pod: &PodRef) -> Result<Vec<Allocation>, LedgerError> {
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.file.allocations)
+            .into_iter()
+            .partition(|a| a.pod.as_ref() == Some(pod));
+        self.file.allocations = kept;
+        if !gone.is_empty() {
+            self.persist()?;
+        }
+        Ok(gone)
+    }
+
     /// What GPU `uuid` has handed out.
     pub fn usage(&self, uuid: &str) -> GpuUsage {
         let mut usage = GpuUsage::default();

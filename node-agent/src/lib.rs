@@ -7,6 +7,7 @@ pub mod admin;
 pub mod agent;
 pub mod assignments;
 pub mod enforce;
+pub mod events;
 pub mod gpu;
 pub mod kube_assignments;
 pub mod ledger;

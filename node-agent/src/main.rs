@@ -9,6 +9,10 @@ use clap::{Args, Parser, Subcommand};
 use tessera_agent::admin::{self, Response};
 use tessera_agent::agent::{Agent, AgentConfig};
 use tessera_agent::assignments::{AssignmentSource, NoAssignments};
+use tessera_agent::enforce::mig::MigConfig;
+use tessera_agent::enforce::mps::MpsConfig;
+use tessera_agent::enforce::watchdog::WatchdogConfig;
+use tessera_agent::events::{EventSink, KubeEvents, LogEvents};
 use tessera_agent::gpu::Backend;
 use tessera_agent::kube_assignments::KubeAssignments;
 use tessera_agent::node::NodeOptions;
@@ -16,6 +20,8 @@ use tessera_proto::deviceplugin::DEFAULT_DEVICE_PLUGIN_DIR;
 use tessera_proto::podresources::{DEFAULT_POD_RESOURCES_DIR, POD_RESOURCES_SOCKET};
 
 const DEFAULT_ADMIN_SOCKET: &str = "/var/run/tessera/agent.sock";
+/// Where Kubernetes mounts the pod's ServiceAccount token.
+const DEFAULT_TOKEN_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
 
 /// Tessera node agent: the kubelet device plugin for `nvidia.com/gpu`.
 #[derive(Parser, Debug)]
@@ -28,7 +34,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the agent (device plugin, ledger, reporting).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Show per-GPU occupancy on this node (asks the running agent).
     Status {
         /// The agent's admin socket.
@@ -94,6 +100,10 @@ struct RunArgs {
     /// Coordinator address (`host:port`), or `none`.
     #[arg(long, default_value = "none")]
     coordinator: String,
+    /// ServiceAccount token presented to the coordinator; `none` to send no token.
+    /// A missing file only logs a warning (the agent then connects without a token).
+    #[arg(long, default_value = DEFAULT_TOKEN_FILE)]
+    coordinator_token_file: String,
     /// Address for `/metrics` and `/healthz`, or `none`.
     #[arg(long, default_value = "0.0.0.0:9090")]
     metrics_addr: String,
@@ -104,13 +114,47 @@ struct RunArgs {
     /// Seconds between reconciles with the kubelet's pod-resources API.
     #[arg(long, default_value_t = 30)]
     reconcile_interval_secs: u64,
+    /// Turn the watchdog off: pods with isolation `watchdog` are then not enforced.
+    #[arg(long)]
+    no_watchdog: bool,
+    /// Milliseconds between watchdog readings of GPU memory and utilisation.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(20..=60_000))]
+    watchdog_interval_ms: u64,
+    /// Milliseconds a pod may stay over its GPU memory limit before its processes on
+    /// that GPU are killed.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
+    memory_grace_ms: u64,
+    /// What to do with a pod that stays over its GPU memory limit: `kill` its processes
+    /// on that GPU, or only `warn` (Event and metric).
+    #[arg(long, default_value = "kill", value_parser = clap::builder::PossibleValuesParser::new(["kill", "warn"]))]
+    memory_action: String,
+    /// Milliseconds per duty-cycling period when a pod is throttled to its compute share
+    /// (at most half the watchdog interval).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(10..=1000))]
+    throttle_period_ms: u64,
+    /// The MPS control program for `tessera.dev/isolation: mps` pods: a path, or a name
+    /// looked up on PATH.
+    #[arg(long, default_value = "nvidia-cuda-mps-control")]
+    mps_control: PathBuf,
+    /// Where each GPU's MPS daemon gets its `<gpu-uuid>/pipe` and `<gpu-uuid>/log`
+    /// directories (the pipe directory is mounted into MPS pods).
+    #[arg(long, default_value = "/var/run/tessera/mps")]
+    mps_dir: PathBuf,
+    /// Seconds a GPU's MPS daemon is kept running without MPS pods before it is told to quit.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    mps_idle_secs: u64,
+    /// Create a MIG instance from free capacity for each `tessera.dev/isolation: mig` pod
+    /// assigned a GPU in MIG mode, and destroy it when the pod is gone. GPUs in MIG mode
+    /// then also get `nvidia.com/gpu` slots. The MIG mode itself is never changed.
+    #[arg(long)]
+    mig_create: bool,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Run(args) => run(args).await,
+        Command::Run(args) => run(*args).await,
         Command::Status { admin_socket, json } => {
             let Response::Status(report) = admin::request(&admin_socket, "status").await? else {
                 bail!("the agent answered something other than a status report");
@@ -169,7 +213,23 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             format!("--metrics-addr {addr:?}: expected host:port such as 0.0.0.0:9090, or none")
         })?),
     };
+    if args.throttle_period_ms * 2 > args.watchdog_interval_ms {
+        bail!(
+            "--throttle-period-ms {} with --watchdog-interval-ms {}: the throttle period must be at most half the watchdog interval, so each reading averages over whole periods",
+            args.throttle_period_ms,
+            args.watchdog_interval_ms
+        );
+    }
+    let watchdog = (!args.no_watchdog).then(|| WatchdogConfig {
+        interval: Duration::from_millis(args.watchdog_interval_ms),
+        memory_grace: Duration::from_millis(args.memory_grace_ms),
+        // Validated by clap against the same two words.
+        memory_action: args.memory_action.parse().unwrap_or_default(),
+        throttle_period: Duration::from_millis(args.throttle_period_ms),
+        ..WatchdogConfig::default()
+    });
     let backend = Backend::open(&args.gpu_backend)?;
+    let mut events: Arc<dyn EventSink> = Arc::new(LogEvents);
     let source: Arc<dyn AssignmentSource> = if args.no_kube {
         Arc::new(NoAssignments)
     } else {
@@ -177,6 +237,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             "connecting to the Kubernetes API (in-cluster config or KUBECONFIG); \
              use --no-kube to run without a cluster",
         )?;
+        events = Arc::new(KubeEvents::new(client.clone(), &args.node_name));
         let pods = KubeAssignments::start(client, &args.node_name);
         if !pods.wait_synced(Duration::from_secs(30)).await {
             tracing::warn!(
@@ -197,13 +258,30 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         options: NodeOptions {
             shares_per_gpu: args.shares_per_gpu,
             cdi: args.cdi,
+            mig_slots: args.mig_create,
         },
         source,
         reconcile_every: Duration::from_secs(args.reconcile_interval_secs.max(1)),
         reconcile_grace: Duration::from_secs(30),
         metrics_addr,
         coordinator,
+        coordinator_token_file: match args.coordinator_token_file.as_str() {
+            "none" | "" => None,
+            path => Some(PathBuf::from(path)),
+        },
         proc_root: args.proc_root,
+        watchdog,
+        events,
+        mps: MpsConfig {
+            control: args.mps_control,
+            base_dir: args.mps_dir,
+            idle: Duration::from_secs(args.mps_idle_secs),
+            ..MpsConfig::default()
+        },
+        mig: MigConfig {
+            create: args.mig_create,
+            ..MigConfig::default()
+        },
     };
     let agent = Agent::start(config).await.context("starting the agent")?;
     let stopper = agent.stopper();

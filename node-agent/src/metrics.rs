@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -25,6 +26,9 @@ type Labels = Vec<(String, String)>;
 #[derive(Debug, Clone)]
 pub struct Metrics {
     allocate_seconds: Histogram,
+    /// What enforcement decided per pod, and its action counts (written by the
+    /// watchdog, read here, by `status` and by the occupancy report).
+    pub enforcement: crate::enforce::state::EnforcementBoard,
 }
 
 impl Default for Metrics {
@@ -32,6 +36,7 @@ impl Default for Metrics {
         Self {
             // 10 µs .. ~80 ms.
             allocate_seconds: Histogram::new(exponential_buckets(0.000_01, 2.0, 14)),
+            enforcement: Default::default(),
         }
     }
 }
@@ -118,10 +123,89 @@ impl Metrics {
             "Allocate call latency",
             self.allocate_seconds.clone(),
         );
+        self.register_enforcement(&mut registry);
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &registry);
         out
+    }
+}
+
+impl Metrics {
+    /// Enforcement: action counts and, per pod and GPU the watchdog enforces, the
+    /// measured memory and utilisation, the compute share and the throttle duty.
+    fn register_enforcement(&self, registry: &mut Registry) {
+        let actions = Family::<Labels, Counter>::default();
+        for (action, n) in self.enforcement.actions() {
+            actions
+                .get_or_create(&vec![("action".into(), action.label().into())])
+                .inc_by(n);
+        }
+        let used = Family::<Labels, Gauge>::default();
+        let share = Family::<Labels, Gauge>::default();
+        let utilization = Family::<Labels, Gauge>::default();
+        let run = Family::<Labels, Gauge>::default();
+        let state = Family::<Labels, Gauge>::default();
+        for p in self.enforcement.pods() {
+            let labels: Labels = vec![
+                ("pod".into(), p.pod.to_string()),
+                ("uuid".into(), p.gpu_uuid.clone()),
+            ];
+            used.get_or_create(&labels).set(p.memory_used_mib as i64);
+            share.get_or_create(&labels).set(i64::from(p.share_percent));
+            utilization
+                .get_or_create(&labels)
+                .set(i64::from(p.used_percent));
+            let run_percent = match p.state {
+                crate::enforce::state::EnforcementState::Throttled { run_percent } => run_percent,
+                _ => 100,
+            };
+            run.get_or_create(&labels).set(i64::from(run_percent));
+            let mut with_state = labels;
+            with_state.push(("state".into(), state_name(p.state).into()));
+            state.get_or_create(&with_state).set(1);
+        }
+        registry.register(
+            "enforcement_actions",
+            "enforcement actions taken (memory_warn, memory_kill, throttle)",
+            actions,
+        );
+        registry.register(
+            "pod_gpu_memory_used_mib",
+            "measured GPU memory of a pod's processes",
+            used,
+        );
+        registry.register(
+            "pod_gpu_compute_share_percent",
+            "compute share of a pod on a GPU",
+            share,
+        );
+        registry.register(
+            "pod_gpu_utilization_percent",
+            "measured SM utilisation of a pod's processes",
+            utilization,
+        );
+        registry.register(
+            "pod_gpu_throttle_run_percent",
+            "percent of each throttle period a pod's processes run (100: not throttled)",
+            run,
+        );
+        registry.register(
+            "pod_gpu_enforcement_state",
+            "1 for the pod's current enforcement state",
+            state,
+        );
+    }
+}
+
+fn state_name(state: crate::enforce::state::EnforcementState) -> &'static str {
+    use crate::enforce::state::EnforcementState as S;
+    match state {
+        S::Ok => "ok",
+        S::Warned => "warned",
+        S::Throttled { .. } => "throttled",
+        S::Killed => "killed",
+        S::NotEnforced => "not_enforced",
     }
 }
 

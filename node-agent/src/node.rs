@@ -28,6 +28,9 @@ pub struct NodeOptions {
     pub shares_per_gpu: u32,
     /// Answer Allocate with CDI device names instead of `NVIDIA_VISIBLE_DEVICES`.
     pub cdi: bool,
+    /// Also advertise slots on GPUs in MIG mode (`--mig-create`): a MIG pod assigned
+    /// such a GPU is admitted on a slot and gets a MIG instance created for it.
+    pub mig_slots: bool,
 }
 
 impl Default for NodeOptions {
@@ -35,6 +38,7 @@ impl Default for NodeOptions {
         Self {
             shares_per_gpu: 10,
             cdi: false,
+            mig_slots: false,
         }
     }
 }
@@ -115,7 +119,7 @@ impl Node {
 
     fn slot_devices(&self) -> Vec<Device> {
         let health = self.health.lock();
-        self.shareable()
+        self.slot_gpus()
             .flat_map(|d| {
                 let healthy = health.get(&d.uuid).is_none_or(|h| h.healthy);
                 (0..self.options.shares_per_gpu).map(move |k| Device {
@@ -156,6 +160,15 @@ impl Node {
         self.devices.iter().filter(|d| d.mig.is_none())
     }
 
+    /// GPUs advertised as `nvidia.com/gpu` slots: the shareable ones, and those in MIG
+    /// mode when [`NodeOptions::mig_slots`] is set.
+    pub fn slot_gpus(&self) -> impl Iterator<Item = &GpuDevice> {
+        let mig_slots = self.options.mig_slots;
+        self.devices
+            .iter()
+            .filter(move |d| d.mig.is_none() || mig_slots)
+    }
+
     /// The link matrix over all GPUs (positions = `devices()` order).
     pub fn topology(&self) -> &Topology {
         &self.topology
@@ -186,7 +199,7 @@ impl Node {
         let (uuid, k) = slot.rsplit_once('-')?;
         let k: u32 = k.parse().ok()?;
         (k < self.options.shares_per_gpu)
-            .then(|| self.shareable().find(|d| d.uuid == uuid))
+            .then(|| self.slot_gpus().find(|d| d.uuid == uuid))
             .flatten()
     }
 

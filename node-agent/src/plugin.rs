@@ -9,6 +9,12 @@
 //! its slots are on. A request matching no assignment gets whole free GPUs when that is
 //! allowed (no cluster, or a pending pod without an assignment), and otherwise fails
 //! with a message saying why — never some other pod's share.
+//!
+//! Pods with `tessera.dev/isolation: mps` also get their GPU's MPS daemon (started on
+//! demand) and its client limits; a pod assigned a GPU in MIG mode (advertised only
+//! with `--mig-create`) gets a MIG instance created for it. Both are set up before the
+//! allocation is recorded, and undone if it cannot be; the common watchdog path does
+//! neither and stays synchronous.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -18,6 +24,10 @@ use parking_lot::Mutex;
 use tessera_device_plugin::{DeviceProvider, DeviceWatch, PluginOptions, ProviderError, api};
 
 use crate::assignments::{AssignmentSource, GpuSlice};
+use crate::enforce::isolation::Isolation;
+use crate::enforce::mig::{MigError, MigManager};
+use crate::enforce::mps::{self, MpsManager, MpsPaths};
+use crate::gpu::MigInstance;
 use crate::ledger::{Allocation, Grant, Origin, PodRef, now_unix_ms};
 use crate::node::{GPU_RESOURCE, Node, mig_resource, slot_id};
 
@@ -49,6 +59,29 @@ pub struct GpuPlugin {
     node: Arc<Node>,
     source: Arc<dyn AssignmentSource>,
     reservations: Mutex<Vec<Reservation>>,
+    mps: Option<Arc<MpsManager>>,
+    mig: Option<Arc<MigManager>>,
+}
+
+/// How a container's limits are set up at Allocate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Nothing beyond the answer (watchdog, none, whole GPUs).
+    Plain,
+    /// Its GPU's MPS daemon and client limits.
+    Mps,
+    /// A MIG instance created on each of its (MIG-mode) GPUs.
+    Mig,
+}
+
+/// What was set up for a container before its allocation is recorded.
+enum Prepared {
+    /// Nothing.
+    Plain,
+    /// The GPU and its daemon's directories.
+    Mps(String, MpsPaths),
+    /// The instances, in grant order.
+    Mig(Vec<MigInstance>),
 }
 
 /// What one container will get.
@@ -58,6 +91,7 @@ struct Plan {
     pod: Option<PodRef>,
     container: Option<String>,
     origin: Origin,
+    mode: Mode,
 }
 
 impl GpuPlugin {
@@ -67,7 +101,21 @@ impl GpuPlugin {
             node,
             source,
             reservations: Mutex::new(Vec::new()),
+            mps: None,
+            mig: None,
         }
+    }
+
+    /// Serves `isolation: mps` pods through `mps`, and creates MIG instances through
+    /// `mig` (present only with `--mig-create`).
+    pub fn with_enforcement(
+        mut self,
+        mps: Option<Arc<MpsManager>>,
+        mig: Option<Arc<MigManager>>,
+    ) -> Self {
+        self.mps = mps;
+        self.mig = mig;
+        self
     }
 
     fn live_reservations(&self) -> Vec<Reservation> {
@@ -205,6 +253,8 @@ impl GpuPlugin {
         let free: Vec<usize> = by_gpu
             .keys()
             .filter(|u| ledger.usage(u).holders == 0)
+            // A GPU in MIG mode is only ever handed out as instances.
+            .filter(|u| self.node.device(u).is_some_and(|d| d.mig.is_none()))
             .filter(|u| {
                 !reserved
                     .iter()
@@ -317,6 +367,7 @@ impl GpuPlugin {
                 pod: Some(pod),
                 container: Some(container),
                 origin: Origin::Assigned,
+                mode: Mode::Plain,
             });
         }
         if !self.whole_allowed(slots.len()) {
@@ -348,6 +399,12 @@ impl GpuPlugin {
         let ledger = self.node.ledger.lock();
         let mut grants = Vec::new();
         for uuid in &gpus {
+            if self.node.device(uuid).is_some_and(|d| d.mig.is_some()) {
+                return Err(ProviderError::FailedPrecondition(format!(
+                    "GPU {uuid} is in MIG mode: it serves only pods assigned to it with \
+                     tessera.dev/isolation: mig, each on a MIG instance of its own"
+                )));
+            }
             // Holders of the very slots requested are gone (the kubelet re-issued them).
             let others = ledger
                 .allocations()
@@ -379,7 +436,73 @@ impl GpuPlugin {
             pod,
             container,
             origin: Origin::Whole,
+            mode: Mode::Plain,
         })
+    }
+
+    /// How `plan`'s limits are set up: MIG for GPUs in MIG mode, MPS for assigned pods
+    /// asking for it, nothing more otherwise.
+    fn mode_of(&self, plan: &Plan) -> Result<Mode, ProviderError> {
+        let who = || match (&plan.pod, &plan.container) {
+            (Some(p), Some(c)) => format!("{p}/{c}"),
+            _ => "a container without a pod".to_owned(),
+        };
+        let on_mig: Vec<&str> = plan
+            .grants
+            .iter()
+            .filter(|g| self.node.device(&g.uuid).is_some_and(|d| d.mig.is_some()))
+            .map(|g| g.uuid.as_str())
+            .collect();
+        if !on_mig.is_empty() {
+            if on_mig.len() != plan.grants.len() {
+                return Err(ProviderError::FailedPrecondition(format!(
+                    "{} is assigned GPUs in MIG mode ({}) together with GPUs that are not; \
+                     a container's GPUs must all be MIG instances or none",
+                    who(),
+                    on_mig.join(", ")
+                )));
+            }
+            if self.mig.is_none() {
+                return Err(ProviderError::FailedPrecondition(format!(
+                    "{} is assigned GPU {} in MIG mode, but creating MIG instances is off \
+                     (start the agent with --mig-create)",
+                    who(),
+                    on_mig.join(", ")
+                )));
+            }
+            return Ok(Mode::Mig);
+        }
+        let isolation = match (&plan.pod, plan.origin) {
+            (Some(pod), Origin::Assigned) => self.source.isolation(pod).unwrap_or_default(),
+            _ => Isolation::Watchdog,
+        };
+        match isolation {
+            Isolation::Mps => {
+                if plan.grants.len() != 1 {
+                    return Err(ProviderError::FailedPrecondition(format!(
+                        "{} has tessera.dev/isolation: mps with {} GPUs; an MPS client reaches the \
+                         daemon of one GPU only, so MPS containers get exactly one GPU",
+                        who(),
+                        plan.grants.len()
+                    )));
+                }
+                if self.mps.is_none() {
+                    return Err(ProviderError::FailedPrecondition(format!(
+                        "{} has tessera.dev/isolation: mps, but this agent runs without MPS support",
+                        who()
+                    )));
+                }
+                Ok(Mode::Mps)
+            }
+            Isolation::Mig => {
+                tracing::warn!(
+                    container = %who(),
+                    "isolation mig on a GPU not in MIG mode; limits are watched instead"
+                );
+                Ok(Mode::Plain)
+            }
+            Isolation::Watchdog | Isolation::None => Ok(Mode::Plain),
+        }
     }
 
     /// Refuses an assignment that would overcommit a GPU or share a whole-held one.
@@ -424,13 +547,48 @@ impl GpuPlugin {
         Ok(())
     }
 
-    fn response(&self, plan: &Plan) -> api::ContainerAllocateResponse {
-        container_response(self.node.options().cdi, &plan.grants)
+    fn response(&self, plan: &Plan, prepared: &Prepared) -> api::ContainerAllocateResponse {
+        let cdi = self.node.options().cdi;
+        match prepared {
+            Prepared::Plain => container_response(cdi, &plan.grants, None),
+            Prepared::Mig(instances) => {
+                let uuids: Vec<String> = instances.iter().map(|i| i.uuid.clone()).collect();
+                container_response(cdi, &plan.grants, Some(&uuids))
+            }
+            Prepared::Mps(_, paths) => {
+                let mut response = container_response(cdi, &plan.grants, None);
+                // `mode_of` admits MPS containers with exactly one GPU.
+                if let Some(g) = plan.grants.first() {
+                    response.envs.extend(mps::client_env(
+                        &g.uuid,
+                        g.memory_mib,
+                        g.compute_milli,
+                        &paths.pipe,
+                    ));
+                }
+                let pipe = paths.pipe.display().to_string();
+                response.mounts.push(api::Mount {
+                    container_path: pipe.clone(),
+                    host_path: pipe,
+                    read_only: false,
+                });
+                response
+            }
+        }
     }
 }
 
-/// The container's devices and limit variables for `grants`.
-fn container_response(cdi: bool, grants: &[Grant]) -> api::ContainerAllocateResponse {
+/// The container's devices and limit variables for `grants`; `devices` replaces the
+/// GPU UUIDs in the device list (MIG instance UUIDs, in grant order).
+fn container_response(
+    cdi: bool,
+    grants: &[Grant],
+    devices: Option<&[String]>,
+) -> api::ContainerAllocateResponse {
+    let ids: Vec<String> = match devices {
+        Some(d) => d.to_vec(),
+        None => grants.iter().map(|g| g.uuid.clone()).collect(),
+    };
     let join = |f: &dyn Fn(&Grant) -> String| grants.iter().map(f).collect::<Vec<_>>().join(",");
     let mut envs = HashMap::new();
     envs.insert(
@@ -443,14 +601,14 @@ fn container_response(cdi: bool, grants: &[Grant]) -> api::ContainerAllocateResp
     );
     let mut response = api::ContainerAllocateResponse::default();
     if cdi {
-        response.cdi_devices = grants
+        response.cdi_devices = ids
             .iter()
-            .map(|g| api::CdiDevice {
-                name: format!("{GPU_RESOURCE}={}", g.uuid),
+            .map(|id| api::CdiDevice {
+                name: format!("{GPU_RESOURCE}={id}"),
             })
             .collect();
     } else {
-        envs.insert(ENV_VISIBLE_DEVICES.to_owned(), join(&|g| g.uuid.clone()));
+        envs.insert(ENV_VISIBLE_DEVICES.to_owned(), ids.join(","));
     }
     response.envs = envs;
     response
@@ -501,7 +659,11 @@ impl DeviceProvider for GpuPlugin {
             .collect();
         self.await_candidates(&sizes).await;
         let started = Instant::now();
-        let result = self.allocate_inner(request);
+        let result = match self.plan_request(&request) {
+            Ok(plans) if plans.iter().all(|p| p.mode == Mode::Plain) => self.commit(&plans, &[]),
+            Ok(plans) => self.allocate_enforced(&plans).await,
+            Err(e) => Err(e),
+        };
         self.node.metrics.observe_allocate(started.elapsed());
         if result.is_ok() {
             self.node.bump();
@@ -511,27 +673,128 @@ impl DeviceProvider for GpuPlugin {
 }
 
 impl GpuPlugin {
-    fn allocate_inner(
-        &self,
-        request: api::AllocateRequest,
-    ) -> Result<api::AllocateResponse, ProviderError> {
+    fn plan_request(&self, request: &api::AllocateRequest) -> Result<Vec<Plan>, ProviderError> {
         let mut plans: Vec<Plan> = Vec::new();
         for req in &request.container_requests {
-            let plan = self.plan(&req.devices_ids, &plans)?;
+            let mut plan = self.plan(&req.devices_ids, &plans)?;
             self.check_capacity(&plan)?;
+            plan.mode = self.mode_of(&plan)?;
             plans.push(plan);
         }
+        Ok(plans)
+    }
+
+    /// Sets up MPS daemons and MIG instances for `plans`, then records them; whatever
+    /// was created is removed again when the allocation fails.
+    async fn allocate_enforced(
+        &self,
+        plans: &[Plan],
+    ) -> Result<api::AllocateResponse, ProviderError> {
+        let mut prepared = Vec::new();
+        let mut made: Vec<String> = Vec::new();
+        let mut outcome = Ok(());
+        for plan in plans {
+            match self.prepare(plan, &mut made).await {
+                Ok(p) => prepared.push(p),
+                Err(e) => {
+                    outcome = Err(e);
+                    break;
+                }
+            }
+        }
+        // Other Allocates may have run while this one waited.
+        let outcome =
+            outcome.and_then(|()| plans.iter().try_for_each(|plan| self.check_capacity(plan)));
+        let result = outcome.and_then(|()| self.commit(plans, &prepared));
+        if result.is_err() {
+            self.abandon(made).await;
+        }
+        result
+    }
+
+    async fn prepare(
+        &self,
+        plan: &Plan,
+        made: &mut Vec<String>,
+    ) -> Result<Prepared, ProviderError> {
+        match plan.mode {
+            Mode::Plain => Ok(Prepared::Plain),
+            Mode::Mps => {
+                let (Some(mps), Some(g)) = (&self.mps, plan.grants.first()) else {
+                    return Err(ProviderError::Internal(
+                        "MPS plan without an MPS manager or a GPU".into(),
+                    ));
+                };
+                let paths = mps
+                    .ensure(&g.uuid)
+                    .await
+                    .map_err(|e| ProviderError::FailedPrecondition(e.to_string()))?;
+                Ok(Prepared::Mps(g.uuid.clone(), paths))
+            }
+            Mode::Mig => {
+                let Some(mig) = &self.mig else {
+                    return Err(ProviderError::Internal(
+                        "MIG plan without a MIG manager".into(),
+                    ));
+                };
+                let mut instances = Vec::new();
+                for g in &plan.grants {
+                    let Some(device) = self.node.device(&g.uuid).cloned() else {
+                        return Err(ProviderError::Internal(format!("GPU {} vanished", g.uuid)));
+                    };
+                    let (mig, grant, slots) = (Arc::clone(mig), g.clone(), plan.slots.clone());
+                    let created = tokio::task::spawn_blocking(move || {
+                        mig.create_for(&device, grant.memory_mib, grant.compute_milli, &slots)
+                    })
+                    .await
+                    .map_err(|e| ProviderError::Internal(e.to_string()))?;
+                    let instance = created.map_err(|e| match e {
+                        MigError::Gpu(_) => ProviderError::Unavailable(e.to_string()),
+                        _ => ProviderError::FailedPrecondition(e.to_string()),
+                    })?;
+                    made.push(instance.uuid.clone());
+                    instances.push(instance);
+                }
+                Ok(Prepared::Mig(instances))
+            }
+        }
+    }
+
+    /// Destroys the MIG instances an Allocate made before it failed.
+    async fn abandon(&self, made: Vec<String>) {
+        let Some(mig) = self.mig.clone() else {
+            return;
+        };
+        if made.is_empty() {
+            return;
+        }
+        let _ = tokio::task::spawn_blocking(move || {
+            for uuid in made {
+                mig.abandon(&uuid);
+            }
+        })
+        .await;
+    }
+
+    /// Records `plans` in the ledger and answers; `prepared` (empty on the plain path)
+    /// holds what was set up for each plan.
+    fn commit(
+        &self,
+        plans: &[Plan],
+        prepared: &[Prepared],
+    ) -> Result<api::AllocateResponse, ProviderError> {
         let mut container_responses = Vec::new();
+        let mut ids = Vec::new();
         {
             let mut ledger = self.node.ledger.lock();
-            for plan in &plans {
+            for (k, plan) in plans.iter().enumerate() {
                 for old in ledger
                     .remove_holding(&plan.slots)
                     .map_err(|e| ProviderError::Internal(e.to_string()))?
                 {
                     tracing::info!(id = old.id, pod = ?old.pod, "slots handed out again; previous holder released");
                 }
-                ledger
+                let id = ledger
                     .insert(Allocation {
                         id: 0,
                         resource: GPU_RESOURCE.to_owned(),
@@ -543,11 +806,30 @@ impl GpuPlugin {
                         at_unix_ms: now_unix_ms(),
                     })
                     .map_err(|e| ProviderError::Unavailable(e.to_string()))?;
-                container_responses.push(self.response(plan));
+                let prepared = prepared.get(k).unwrap_or(&Prepared::Plain);
+                container_responses.push(self.response(plan, prepared));
+                ids.push(id);
+            }
+        }
+        for (id, prepared) in ids.into_iter().zip(prepared) {
+            match prepared {
+                Prepared::Plain => {}
+                Prepared::Mps(gpu, _) => {
+                    if let Some(mps) = &self.mps {
+                        mps.attach(gpu, id);
+                    }
+                }
+                Prepared::Mig(instances) => {
+                    if let Some(mig) = &self.mig {
+                        for i in instances {
+                            mig.bind(&i.uuid, id);
+                        }
+                    }
+                }
             }
         }
         let mut reservations = self.reservations.lock();
-        for plan in &plans {
+        for plan in plans {
             if let (Some(pod), Some(container)) = (&plan.pod, &plan.container) {
                 reservations.retain(|r| !(r.pod == *pod && r.container == *container));
                 self.source.mark_allocated(pod, container);
@@ -630,7 +912,7 @@ impl DeviceProvider for MigPlugin {
                     })
                 })
                 .map_err(|e| ProviderError::Unavailable(e.to_string()))?;
-            responses.push(container_response(self.node.options().cdi, &grants));
+            responses.push(container_response(self.node.options().cdi, &grants, None));
         }
         drop(ledger);
         self.node.bump();

@@ -4,6 +4,7 @@
 //! exponential backoff when the stream breaks.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use tessera_proto::tessera::v1 as pb;
 use tessera_proto::tessera::v1::agent_service_client::AgentServiceClient;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::{Ascii, MetadataValue};
 
 use crate::enforce::usage::PodMeter;
 use crate::gpu::PcieRelation;
@@ -128,9 +130,17 @@ pub fn occupancy(node: &Node, meter: &PodMeter) -> pb::Occupancy {
                         .as_ref()
                         .and_then(|u| usage.pods.get(u).copied())
                         .unwrap_or_default();
-                    (a, g, uid.unwrap_or_default(), measured)
+                    let enforcement = node.metrics.enforcement.state(uid.as_deref(), &g.uuid);
+                    let isolation = if mig.contains(&g.uuid.as_str()) {
+                        pb::Isolation::Mig
+                    } else {
+                        meter.isolation(a.pod.as_ref()).to_proto()
+                    };
+                    // How this share is enforced, and its state.
+                    let how = (enforcement, isolation);
+                    (a, g, uid.unwrap_or_default(), measured, how)
                 })
-                .map(|(a, g, pod_uid, measured)| pb::Share {
+                .map(|(a, g, pod_uid, measured, how)| pb::Share {
                     pod_uid,
                     pod_namespace: a
                         .pod
@@ -143,12 +153,8 @@ pub fn occupancy(node: &Node, meter: &PodMeter) -> pb::Occupancy {
                     compute_percent: g.compute_milli.div_ceil(10),
                     measured_memory_mib: measured.memory_used_mib,
                     measured_utilization_percent: measured.sm_percent,
-                    isolation: if mig.contains(&g.uuid.as_str()) {
-                        pb::Isolation::Mig
-                    } else {
-                        pb::Isolation::None
-                    } as i32,
-                    enforcement: pb::EnforcementState::NotEnforced as i32,
+                    isolation: how.1 as i32,
+                    enforcement: how.0.to_proto() as i32,
                     mig_instance_uuid: if mig.contains(&g.uuid.as_str()) {
                         g.uuid.clone()
                     } else {
@@ -191,9 +197,25 @@ enum SessionEnd {
 
 /// Reports to the coordinator at `endpoint` (`http://host:port`) until dropped.
 pub async fn run(endpoint: String, node: Arc<Node>, node_name: String, meter: PodMeter) {
+    run_authenticated(endpoint, node, node_name, meter, None).await
+}
+
+/// Like [`run`], presenting the ServiceAccount token read from `token_file` as
+/// `authorization: Bearer <token>` metadata. The file is read again on every connect,
+/// because the kubelet rotates projected tokens; while it is missing or unreadable the
+/// agent connects without a token (a coordinator that checks tokens will refuse it).
+pub async fn run_authenticated(
+    endpoint: String,
+    node: Arc<Node>,
+    node_name: String,
+    meter: PodMeter,
+    token_file: Option<PathBuf>,
+) {
     let mut failures: u32 = 0;
+    let mut token = TokenSource::new(token_file);
     loop {
-        match session(&endpoint, &node, &node_name, &meter, &mut failures).await {
+        let bearer = token.read();
+        match session(&endpoint, &node, &node_name, &meter, &mut failures, bearer).await {
             Ok(()) => return,
             Err(error) => {
                 tracing::warn!(%endpoint, %error, "coordinator stream ended; reconnecting")
@@ -207,12 +229,55 @@ pub async fn run(endpoint: String, node: Arc<Node>, node_name: String, meter: Po
     }
 }
 
+/// Reads the coordinator token file, warning once per kind of failure.
+struct TokenSource {
+    path: Option<PathBuf>,
+    warned: bool,
+}
+
+impl TokenSource {
+    fn new(path: Option<PathBuf>) -> Self {
+        Self {
+            path,
+            warned: false,
+        }
+    }
+
+    /// The `authorization` value to send, if a token is available.
+    fn read(&mut self) -> Option<MetadataValue<Ascii>> {
+        let path = self.path.as_ref()?;
+        let value = match std::fs::read_to_string(path) {
+            Ok(text) => MetadataValue::try_from(format!("Bearer {}", text.trim()))
+                .map_err(|_| "it holds characters not allowed in gRPC metadata".to_owned()),
+            Err(e) => Err(e.to_string()),
+        };
+        match value {
+            Ok(v) => {
+                self.warned = false;
+                Some(v)
+            }
+            Err(error) => {
+                if !self.warned {
+                    tracing::warn!(
+                        path = %path.display(),
+                        %error,
+                        "cannot use the coordinator token file; connecting without a token"
+                    );
+                    self.warned = true;
+                }
+                None
+            }
+        }
+    }
+}
+
 async fn session(
     endpoint: &str,
     node: &Node,
     node_name: &str,
     meter: &PodMeter,
     failures: &mut u32,
+    bearer: Option<MetadataValue<Ascii>>,
 ) -> Result<(), SessionEnd> {
     let channel = tonic::transport::Endpoint::from_shared(endpoint.to_owned())
         .map_err(|e| SessionEnd::Connect(e.to_string()))?
@@ -227,8 +292,12 @@ async fn session(
         protocol_version: pb::PROTOCOL_VERSION,
         inventory: Some(inventory(node, node_name)),
     })))?;
+    let mut request = tonic::Request::new(ReceiverStream::new(rx));
+    if let Some(bearer) = bearer {
+        request.metadata_mut().insert("authorization", bearer);
+    }
     let mut inbound = AgentServiceClient::new(channel)
-        .connect(ReceiverStream::new(rx))
+        .connect(request)
         .await?
         .into_inner();
     let mut heartbeat = DEFAULT_HEARTBEAT;

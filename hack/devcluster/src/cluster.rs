@@ -46,6 +46,7 @@ impl DevCluster {
                 token: t.clone(),
                 user: ADMIN_USER.into(),
                 groups: vec!["system:masters".into(), "system:authenticated".into()],
+                extra: Default::default(),
             })
             .collect();
         let server = ApiServer::start(ApiServerConfig {
@@ -97,6 +98,11 @@ impl DevCluster {
     /// `http://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         self.server.url()
+    }
+
+    /// The API server's request audit log (off until enabled).
+    pub fn audit(&self) -> crate::apiserver::audit::AuditLog {
+        self.server.audit()
     }
 
     /// The hollow nodes, in description order.

@@ -798,6 +798,7 @@ async fn bearer_tokens_authenticate_and_token_review_answers() {
         token: "s3cret".into(),
         user: "alice".into(),
         groups: vec!["devs".into()],
+        extra: Default::default(),
     };
     let (server, anonymous) = start_with(ApiServerConfig {
         tokens: vec![token],

@@ -101,6 +101,12 @@ impl PodMeter {
         pod.and_then(|p| self.source.pod_uid(p))
     }
 
+    /// How `pod`'s limits are enforced (the default, watchdog, when unknown).
+    pub fn isolation(&self, pod: Option<&PodRef>) -> super::isolation::Isolation {
+        pod.and_then(|p| self.source.isolation(p))
+            .unwrap_or_default()
+    }
+
     /// What `pod` uses according to `usage`: `None` when its UID is unknown (its
     /// processes, if any, are then among the unknown ones); zero when it has none.
     pub fn of(&self, usage: &GpuUsage, pod: Option<&PodRef>) -> Option<PodUsage> {

@@ -41,6 +41,22 @@ pub enum GpuError {
     /// The `--gpu-backend` value is not understood.
     #[error("invalid --gpu-backend {0:?}: expected `nvml` or `sim:<file.yaml>`")]
     BadSpec(String),
+    /// The backend cannot do this (MIG management on a backend without it).
+    #[error("the {backend} GPU backend does not support {call}")]
+    Unsupported {
+        /// The operation.
+        call: &'static str,
+        /// The backend's kind.
+        backend: &'static str,
+    },
+    /// A MIG operation was refused.
+    #[error("MIG on GPU {gpu}: {reason}")]
+    Mig {
+        /// The parent GPU.
+        gpu: String,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// What sits at the far end of one NVLink.
@@ -107,6 +123,49 @@ pub struct MigDevice {
     pub profile: String,
     /// Memory of the instance.
     pub memory_total_mib: u64,
+}
+
+/// A GPU-instance profile a GPU in MIG mode supports, as the driver lists it
+/// (`nvidia-smi mig -lgip` / `-lgipp`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigProfile {
+    /// The driver's profile id (`nvidia-smi mig -cgi <id>`), e.g. 19 for `1g.5gb` on A100.
+    pub id: u32,
+    /// Profile name such as `1g.5gb`.
+    pub name: String,
+    /// Compute slices (the `Ng` in the name) out of the GPU's 7.
+    pub compute_slices: u32,
+    /// Memory slices the instance occupies out of the GPU's 8.
+    pub memory_slices: u32,
+    /// Memory of an instance.
+    pub memory_mib: u64,
+    /// First memory slice of every placement the hardware allows.
+    pub placements: Vec<u32>,
+}
+
+/// A MIG device that exists now: a GPU instance with its (single, full) compute instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigInstance {
+    /// `MIG-…` UUID (empty when the GPU instance has no compute instance).
+    pub uuid: String,
+    /// Profile name.
+    pub profile: String,
+    /// The driver's GPU-instance profile id.
+    pub profile_id: u32,
+    /// GPU instance id on its GPU.
+    pub gpu_instance_id: u32,
+    /// Compute instance id inside the GPU instance.
+    pub compute_instance_id: u32,
+    /// First memory slice.
+    pub start: u32,
+    /// Memory slices occupied.
+    pub size: u32,
+    /// Compute slices.
+    pub compute_slices: u32,
+    /// Memory of the instance.
+    pub memory_mib: u64,
+    /// Compute processes running in it.
+    pub processes: usize,
 }
 
 /// The static description of one GPU.
@@ -203,6 +262,43 @@ pub trait GpuBackend: Send + Sync + 'static {
 
     /// Blocks up to `timeout` for the next XID event; `Ok(None)` when none came.
     fn wait_event(&self, timeout: Duration) -> Result<Option<XidEvent>, GpuError>;
+
+    /// The GPU-instance profiles GPU `uuid` (in MIG mode) supports, with their placements.
+    fn mig_profiles(&self, uuid: &str) -> Result<Vec<MigProfile>, GpuError> {
+        let _ = uuid;
+        Err(GpuError::Unsupported {
+            call: "listing MIG profiles",
+            backend: self.kind(),
+        })
+    }
+
+    /// The MIG devices that exist on GPU `uuid`, with their placements and process counts.
+    fn mig_instances(&self, uuid: &str) -> Result<Vec<MigInstance>, GpuError> {
+        let _ = uuid;
+        Err(GpuError::Unsupported {
+            call: "listing MIG instances",
+            backend: self.kind(),
+        })
+    }
+
+    /// Creates a GPU instance of profile `profile_id` at memory slice `start` on GPU
+    /// `uuid`, and one compute instance spanning it. Never changes the MIG mode.
+    fn mig_create(&self, uuid: &str, profile_id: u32, start: u32) -> Result<MigInstance, GpuError> {
+        let _ = (uuid, profile_id, start);
+        Err(GpuError::Unsupported {
+            call: "creating MIG instances",
+            backend: self.kind(),
+        })
+    }
+
+    /// Destroys GPU instance `gpu_instance_id` of GPU `uuid` and its compute instances.
+    fn mig_destroy(&self, uuid: &str, gpu_instance_id: u32) -> Result<(), GpuError> {
+        let _ = (uuid, gpu_instance_id);
+        Err(GpuError::Unsupported {
+            call: "destroying MIG instances",
+            backend: self.kind(),
+        })
+    }
 }
 
 /// The backend chosen by `--gpu-backend`.

@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use serde::Deserialize;
@@ -14,6 +14,8 @@ use super::{
     GpuBackend, GpuDevice, GpuError, GpuProcess, GpuSample, LinkPeer, MigDevice, NvLink,
     PcieRelation, XidEvent,
 };
+use super::{MigInstance, MigProfile};
+use crate::enforce::mig::planner::{Span, choose_placement, fits_at};
 
 /// The YAML file, in the format of `hack/gpus/README.md`. Fields the agent does not
 /// need (`description`, `cpu_milli`, `memory_mib`, MIG `compute_milli`) are accepted and
@@ -74,6 +76,8 @@ struct Live {
     processes: HashMap<String, Vec<GpuProcess>>,
     /// Pending XID events, oldest first.
     events: VecDeque<XidEvent>,
+    /// Processes whose utilisation follows their real CPU use, by PID.
+    following: HashMap<u32, CpuFollow>,
 }
 
 /// A simulated GPU machine.
@@ -84,6 +88,8 @@ pub struct SimBackend {
     pcie: Vec<PciePlace>,
     live: Mutex<Live>,
     event_ready: Condvar,
+    /// MIG instances and slices, built from the shape on first use.
+    mig: Mutex<Option<SimMig>>,
 }
 
 /// PCI bus id the simulated NVSwitches report as the far end of switch links.
@@ -225,6 +231,7 @@ impl SimBackend {
             pcie,
             live: Mutex::new(Live::default()),
             event_ready: Condvar::new(),
+            mig: Mutex::new(None),
         })
     }
 
@@ -260,6 +267,7 @@ impl SimBackend {
     ) -> Result<(), GpuError> {
         self.check(uuid)?;
         let mut live = self.live.lock();
+        live.following.remove(&pid);
         let list = live.processes.entry(uuid.to_owned()).or_default();
         let process = GpuProcess {
             pid,
@@ -276,9 +284,32 @@ impl SimBackend {
     /// Ends process `pid` on GPU `uuid`.
     pub fn remove_process(&self, uuid: &str, pid: u32) -> Result<(), GpuError> {
         self.check(uuid)?;
-        if let Some(list) = self.live.lock().processes.get_mut(uuid) {
+        let mut live = self.live.lock();
+        live.following.remove(&pid);
+        if let Some(list) = live.processes.get_mut(uuid) {
             list.retain(|p| p.pid != pid);
         }
+        Ok(())
+    }
+
+    /// Starts (or updates) real process `pid` on GPU `uuid` holding `memory_used_mib`,
+    /// with an SM utilisation that follows the process's real demand for a CPU between
+    /// samples (the share of time it was runnable, from `/proc/<pid>/schedstat`, or its
+    /// CPU time from `/proc/<pid>/stat`): a busy loop reads 100%, a sleeping or
+    /// SIGSTOPped process 0. It leaves the GPU when the real process exits.
+    pub fn set_process_cpu_following(
+        &self,
+        uuid: &str,
+        pid: u32,
+        memory_used_mib: u64,
+    ) -> Result<(), GpuError> {
+        let keep = self.live.lock().following.remove(&pid);
+        let sm = keep.as_ref().map_or(0, |f| f.percent);
+        self.set_process(uuid, pid, memory_used_mib, sm)?;
+        self.live
+            .lock()
+            .following
+            .insert(pid, keep.unwrap_or_default());
         Ok(())
     }
 
@@ -316,7 +347,8 @@ impl GpuBackend for SimBackend {
 
     fn sample(&self, uuid: &str) -> Result<GpuSample, GpuError> {
         self.check(uuid)?;
-        let live = self.live.lock();
+        let mut live = self.live.lock();
+        follow_cpu(&mut live, uuid);
         let processes = live.processes.get(uuid).cloned().unwrap_or_default();
         Ok(GpuSample {
             memory_used_mib: processes.iter().map(|p| p.memory_used_mib).sum(),
@@ -332,6 +364,265 @@ impl GpuBackend for SimBackend {
         }
         Ok(live.events.pop_front())
     }
+
+    fn mig_profiles(&self, uuid: &str) -> Result<Vec<MigProfile>, GpuError> {
+        self.with_mig(uuid, |gpu, _| Ok(gpu.table.clone()))
+    }
+
+    fn mig_instances(&self, uuid: &str) -> Result<Vec<MigInstance>, GpuError> {
+        self.with_mig(uuid, |gpu, busy| {
+            Ok(gpu
+                .instances
+                .iter()
+                .map(|i| MigInstance {
+                    processes: busy.get(&i.uuid).copied().unwrap_or(0),
+                    ..i.clone()
+                })
+                .collect())
+        })
+    }
+
+    fn mig_create(&self, uuid: &str, profile_id: u32, start: u32) -> Result<MigInstance, GpuError> {
+        self.with_mig(uuid, |gpu, _| gpu.create(uuid, profile_id, start))
+    }
+
+    fn mig_destroy(&self, uuid: &str, gpu_instance_id: u32) -> Result<(), GpuError> {
+        self.with_mig(uuid, |gpu, busy| gpu.destroy(uuid, gpu_instance_id, busy))
+    }
+}
+
+/// The simulated MIG state: per GPU in MIG mode its profile table and instances, and
+/// how many processes run in each MIG device (driven by tests).
+#[derive(Debug, Default)]
+struct SimMig {
+    gpus: HashMap<String, SimMigGpu>,
+    busy: HashMap<String, usize>,
+}
+
+#[derive(Debug)]
+struct SimMigGpu {
+    table: Vec<MigProfile>,
+    instances: Vec<MigInstance>,
+    /// Bumped on every creation so re-created instances get fresh UUIDs.
+    created: u32,
+}
+
+impl SimMigGpu {
+    /// The shape's instances of `device`, placed as the planner would have placed them.
+    fn from_device(device: &GpuDevice) -> Self {
+        let table =
+            crate::enforce::mig::profiles::table_for(&device.model, device.memory_total_mib)
+                .unwrap_or_default();
+        let mut gpu = SimMigGpu {
+            table,
+            instances: Vec::new(),
+            created: 0,
+        };
+        for (k, m) in device.mig.iter().flatten().enumerate() {
+            let profile = gpu.table.iter().find(|p| p.name == m.profile).cloned();
+            let occupied: Vec<Span> = gpu.instances.iter().map(Span::from).collect();
+            let start = profile
+                .as_ref()
+                .and_then(|p| choose_placement(&gpu.table, &occupied, p));
+            // An instance the table does not know (or that does not fit) occupies no
+            // slices: the shape file is the authority on what exists.
+            let (id, size, compute, start) = match (&profile, start) {
+                (Some(p), Some(start)) => (p.id, p.memory_slices, p.compute_slices, start),
+                _ => (u32::MAX, 0, 0, 0),
+            };
+            gpu.instances.push(MigInstance {
+                uuid: m.uuid.clone(),
+                profile: m.profile.clone(),
+                profile_id: id,
+                gpu_instance_id: k as u32 + 1,
+                compute_instance_id: 0,
+                start,
+                size,
+                compute_slices: compute,
+                memory_mib: m.memory_total_mib,
+                processes: 0,
+            });
+        }
+        gpu
+    }
+
+    fn create(&mut self, uuid: &str, profile_id: u32, start: u32) -> Result<MigInstance, GpuError> {
+        let refuse = |reason: String| GpuError::Mig {
+            gpu: uuid.to_owned(),
+            reason,
+        };
+        let profile = self
+            .table
+            .iter()
+            .find(|p| p.id == profile_id)
+            .cloned()
+            .ok_or_else(|| refuse(format!("no GPU-instance profile with id {profile_id}")))?;
+        let occupied: Vec<Span> = self.instances.iter().map(Span::from).collect();
+        if !fits_at(&occupied, &profile, start) {
+            return Err(refuse(format!(
+                "no room for {} at memory slice {start} (insufficient resources)",
+                profile.name
+            )));
+        }
+        self.created += 1;
+        let gi = (1..)
+            .find(|id| !self.instances.iter().any(|i| i.gpu_instance_id == *id))
+            .unwrap_or(u32::MAX);
+        let instance = MigInstance {
+            uuid: derived_uuid("MIG", &format!("{uuid}/gi{gi}/{}", self.created)),
+            profile: profile.name.clone(),
+            profile_id,
+            gpu_instance_id: gi,
+            compute_instance_id: 0,
+            start,
+            size: profile.memory_slices,
+            compute_slices: profile.compute_slices,
+            memory_mib: profile.memory_mib,
+            processes: 0,
+        };
+        self.instances.push(instance.clone());
+        Ok(instance)
+    }
+
+    fn destroy(
+        &mut self,
+        uuid: &str,
+        gpu_instance_id: u32,
+        busy: &HashMap<String, usize>,
+    ) -> Result<(), GpuError> {
+        let refuse = |reason: String| GpuError::Mig {
+            gpu: uuid.to_owned(),
+            reason,
+        };
+        let pos = self
+            .instances
+            .iter()
+            .position(|i| i.gpu_instance_id == gpu_instance_id)
+            .ok_or_else(|| refuse(format!("no GPU instance {gpu_instance_id}")))?;
+        let processes = busy.get(&self.instances[pos].uuid).copied().unwrap_or(0);
+        if processes > 0 {
+            // As the driver does: an instance in use cannot be destroyed.
+            return Err(refuse(format!(
+                "GPU instance {gpu_instance_id} is in use by {processes} process(es)"
+            )));
+        }
+        self.instances.remove(pos);
+        Ok(())
+    }
+}
+
+impl SimBackend {
+    /// Runs `f` on the MIG state of GPU `uuid`, which must be in MIG mode.
+    fn with_mig<T>(
+        &self,
+        uuid: &str,
+        f: impl FnOnce(&mut SimMigGpu, &HashMap<String, usize>) -> Result<T, GpuError>,
+    ) -> Result<T, GpuError> {
+        let index = self.check(uuid)?;
+        let mut guard = self.mig.lock();
+        let state = guard.get_or_insert_with(|| self.initial_mig());
+        let SimMig { gpus, busy } = state;
+        match gpus.get_mut(uuid) {
+            Some(gpu) => f(gpu, busy),
+            None => Err(GpuError::Mig {
+                gpu: uuid.to_owned(),
+                reason: format!("GPU {index} is not in MIG mode"),
+            }),
+        }
+    }
+
+    fn initial_mig(&self) -> SimMig {
+        SimMig {
+            gpus: self
+                .devices
+                .iter()
+                .filter(|d| d.mig.is_some())
+                .map(|d| (d.uuid.clone(), SimMigGpu::from_device(d)))
+                .collect(),
+            busy: HashMap::new(),
+        }
+    }
+
+    /// Says that `count` compute processes run in MIG device `mig_uuid` (tests).
+    pub fn set_mig_processes(&self, mig_uuid: &str, count: usize) {
+        let mut guard = self.mig.lock();
+        let state = guard.get_or_insert_with(|| self.initial_mig());
+        state.busy.insert(mig_uuid.to_owned(), count);
+    }
+}
+
+/// CPU-following state of one simulated process.
+#[derive(Debug, Default, Clone, Copy)]
+struct CpuFollow {
+    /// When and at how many nanoseconds of demand the utilisation was last computed.
+    last: Option<(Instant, u64)>,
+    /// The utilisation computed then, percent.
+    percent: u32,
+}
+
+/// Shortest window a utilisation is computed over, so it is not mostly rounding.
+const CPU_WINDOW: Duration = Duration::from_millis(100);
+
+/// Updates the utilisation of GPU `uuid`'s CPU-following processes and drops those
+/// whose real process is gone.
+fn follow_cpu(live: &mut Live, uuid: &str) {
+    let Live {
+        processes,
+        following,
+        ..
+    } = live;
+    let Some(list) = processes.get_mut(uuid) else {
+        return;
+    };
+    let now = Instant::now();
+    list.retain_mut(|p| {
+        let Some(follow) = following.get_mut(&p.pid) else {
+            return true;
+        };
+        let Some(demand_ns) = cpu_demand_ns(p.pid) else {
+            following.remove(&p.pid);
+            return false;
+        };
+        match follow.last {
+            None => follow.last = Some((now, demand_ns)),
+            Some((at, before)) => {
+                let elapsed = now.duration_since(at);
+                if elapsed >= CPU_WINDOW {
+                    let busy = demand_ns.saturating_sub(before) as f64;
+                    follow.percent =
+                        ((busy * 100.0 / elapsed.as_nanos().max(1) as f64).round() as u32).min(100);
+                    follow.last = Some((now, demand_ns));
+                }
+            }
+        }
+        p.sm_percent = follow.percent;
+        true
+    });
+}
+
+/// How long a live process has wanted a CPU, in nanoseconds; `None` when it is gone
+/// or a zombie. Preferably the time it was runnable (on a CPU or waiting for one, from
+/// `/proc/<pid>/schedstat`): like a GPU's busy time it counts what the process asks
+/// for, and does not drop when other work on the test machine competes for the CPUs,
+/// while a stopped process is not runnable at all. Without schedstat, its CPU time.
+fn cpu_demand_ns(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces and parentheses: count after the last ')'.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    // fields[0] is the state (stat field 3); utime and stime are fields 14 and 15.
+    if matches!(fields.first(), Some(&("Z" | "X" | "x"))) {
+        return None;
+    }
+    if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/schedstat")) {
+        let mut it = text.split_whitespace().map(|f| f.parse::<u64>().ok());
+        if let (Some(Some(run)), Some(Some(wait))) = (it.next(), it.next()) {
+            return Some(run + wait);
+        }
+    }
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    // USER_HZ is 100 on every Linux ABI: one tick is 10 ms.
+    Some((utime + stime) * 10_000_000)
 }
 
 /// A stable UUID-shaped id from `seed` (FNV-1a, twice with different offsets).
@@ -418,6 +709,67 @@ mod tests {
         let ev = sim.wait_event(Duration::from_millis(1)).unwrap().unwrap();
         assert_eq!((ev.uuid.as_str(), ev.xid), (uuid.as_str(), 79));
         assert!(sim.inject_xid("GPU-nope", 79).is_err());
+    }
+
+    #[test]
+    fn cpu_following_processes_track_real_cpu_and_leave_when_they_exit() {
+        let sim = shape("l40s-4x-pcie.yaml");
+        let uuid = sim.uuid_of(0).unwrap().to_owned();
+        /// Killed on drop, so a failing test leaves no busy loop behind.
+        struct Reaped(std::process::Child);
+        impl Drop for Reaped {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let spawn = |cmd: &str, args: &[&str]| {
+            Reaped(
+                std::process::Command::new(cmd)
+                    .args(args)
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            )
+        };
+        let mut busy = spawn("sh", &["-c", "while :; do :; done"]);
+        let mut idle = spawn("sleep", &["30"]);
+        let (busy_pid, idle_pid) = (busy.0.id(), idle.0.id());
+        sim.set_process_cpu_following(&uuid, busy_pid, 100).unwrap();
+        sim.set_process_cpu_following(&uuid, idle_pid, 200).unwrap();
+        sim.sample(&uuid).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let util = |s: &GpuSample, pid: u32| {
+            s.processes
+                .iter()
+                .find(|p| p.pid == pid)
+                .map(|p| p.sm_percent)
+        };
+        loop {
+            std::thread::sleep(Duration::from_millis(300));
+            let s = sim.sample(&uuid).unwrap();
+            assert_eq!(s.memory_used_mib, 300);
+            assert_eq!(util(&s, idle_pid), Some(0));
+            // Any share of a core: the machine may be busy with other work.
+            if util(&s, busy_pid).unwrap() > 5 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the busy loop never showed up: {s:?}"
+            );
+        }
+        busy.0.kill().unwrap();
+        busy.0.wait().unwrap();
+        idle.0.kill().unwrap();
+        // Not reaped yet: a zombie counts as gone too.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !sim.sample(&uuid).unwrap().processes.is_empty() {
+            assert!(Instant::now() < deadline, "the exited processes stayed");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        idle.0.wait().unwrap();
     }
 
     #[test]

@@ -67,7 +67,12 @@ impl Harness {
             reconcile_grace: Duration::ZERO,
             metrics_addr: None,
             coordinator: None,
+            coordinator_token_file: None,
             proc_root: self.proc_root(),
+            watchdog: None,
+            events: Arc::new(tessera_agent::events::LogEvents),
+            mps: Default::default(),
+            mig: Default::default(),
         }
     }
 

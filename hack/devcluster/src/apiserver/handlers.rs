@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
 use super::Shared;
+use super::audit;
 use super::discovery;
 use super::error::{ApiError, success_status};
 use super::meta;
@@ -33,6 +34,20 @@ pub async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response
     let uri = req.uri().clone();
     let headers = req.headers().clone();
     let route = routes::parse(uri.path());
+    let audited = audit::describe(&shared, &method, &uri, &route, &headers);
+    let response = dispatch(shared.clone(), method, uri, headers, route, req).await;
+    audit::finish(&shared, audited, response.status().as_u16());
+    response
+}
+
+async fn dispatch(
+    shared: Arc<Shared>,
+    method: Method,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+    route: Route,
+    req: Request,
+) -> Response {
     if route != Route::Health
         && let Err(err) = authenticate(&shared, &headers)
     {

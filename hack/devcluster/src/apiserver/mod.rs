@@ -5,6 +5,7 @@
 //! discovery. Objects are stored as JSON per resource type with one global resourceVersion
 //! counter; watches replay retained history and answer 410 Gone beyond it.
 
+pub mod audit;
 mod discovery;
 pub mod error;
 mod events;
@@ -41,6 +42,10 @@ pub struct Token {
     /// Groups reported by TokenReview.
     #[serde(default)]
     pub groups: Vec<String>,
+    /// Extra user attributes reported by TokenReview, e.g.
+    /// `authentication.kubernetes.io/node-name` for a node-bound ServiceAccount token.
+    #[serde(default)]
+    pub extra: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 /// How to run the server.
@@ -89,6 +94,8 @@ pub(crate) struct Shared {
     pub(crate) config: ApiServerConfig,
     pub(crate) address: String,
     pub(crate) shutdown: signal::Receiver<bool>,
+    /// The request audit log (off unless a test enables it).
+    pub(crate) audit: audit::AuditLog,
 }
 
 /// The server entry point.
@@ -113,6 +120,7 @@ impl ApiServer {
             config,
             address: format!("http://{addr}"),
             shutdown: stop_rx.clone(),
+            audit: audit::AuditLog::default(),
         });
         let app = axum::Router::new()
             .fallback(handlers::handle)
@@ -158,6 +166,11 @@ impl ApiServerHandle {
     /// The latest resourceVersion.
     pub fn current_resource_version(&self) -> u64 {
         self.shared.store.current_rv()
+    }
+
+    /// The request audit log (off until [`audit::AuditLog::enable`]).
+    pub fn audit(&self) -> audit::AuditLog {
+        self.shared.audit.clone()
     }
 
     /// Ends all watches, stops accepting connections and waits for in-flight requests.

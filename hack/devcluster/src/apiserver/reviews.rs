@@ -17,7 +17,7 @@ pub(super) fn token_review(shared: &Shared, mut review: Value) -> Value {
     let status = match shared.config.tokens.iter().find(|t| t.token == token) {
         Some(t) => json!({
             "authenticated": true,
-            "user": {"username": t.user, "uid": t.user, "groups": t.groups},
+            "user": {"username": t.user, "uid": t.user, "groups": t.groups, "extra": t.extra},
         }),
         None => json!({"authenticated": false, "error": "token not recognised"}),
     };

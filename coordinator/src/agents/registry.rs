@@ -1,0 +1,700 @@
+//! The live inventory the agents report: per node its GPUs (as the core's `model::Gpu`,
+//! NVLink islands derived from the link matrix), health, occupancy, and whether its
+//! agent is connected. Every change that matters to scheduling bumps a watch counter.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tessera_proto::tessera::v1 as pb;
+use tokio::sync::{mpsc, watch};
+
+use crate::model::{Gpu, MigInstance};
+
+/// Compute slices of a full GPU in MIG terms (A100/H100/H200: seven).
+const MIG_COMPUTE_SLICES: u32 = 7;
+
+/// What one node's agent last reported.
+#[derive(Clone, Debug)]
+pub struct AgentNode {
+    /// Kubernetes node name.
+    pub node: String,
+    /// Agent build version from its inventory.
+    pub agent_version: String,
+    /// The `tessera.v1` revision spoken on the current (or last) stream.
+    pub protocol_version: u32,
+    /// GPUs in index order, health and NVLink islands filled in.
+    pub gpus: Vec<Gpu>,
+    /// Slots the agent advertises per healthy GPU.
+    pub shares_per_gpu: u32,
+    /// Occupancy per GPU UUID from the latest snapshot (empty until the first one).
+    pub occupancy: BTreeMap<String, GpuOccupancy>,
+    /// Why each unhealthy GPU is unhealthy (UUID -> reason).
+    pub health_reasons: BTreeMap<String, String>,
+    /// A stream from this node's agent is open now.
+    pub connected: bool,
+    /// When the agent last sent anything (heartbeats included).
+    pub last_seen: Instant,
+}
+
+impl AgentNode {
+    /// True when the agent is connected and has spoken within `timeout`: only such nodes
+    /// should receive new GPU pods.
+    pub fn is_live(&self, now: Instant, timeout: Duration) -> bool {
+        self.connected && now.saturating_duration_since(self.last_seen) <= timeout
+    }
+}
+
+/// One GPU's occupancy as last reported.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GpuOccupancy {
+    /// Healthy per the snapshot.
+    pub healthy: bool,
+    /// Every share held on the GPU.
+    pub shares: Vec<ShareInfo>,
+    /// Whole-GPU memory in use, including processes no pod owns.
+    pub used_memory_mib: u64,
+    /// Whole-GPU utilisation.
+    pub utilization_percent: u32,
+}
+
+/// One container's share of a GPU as the agent sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShareInfo {
+    /// Pod UID (empty when the agent could not tell).
+    pub pod_uid: String,
+    /// Pod namespace.
+    pub pod_namespace: String,
+    /// Pod name.
+    pub pod_name: String,
+    /// Container name.
+    pub container: String,
+    /// Granted memory limit (0 = whole GPU).
+    pub memory_limit_mib: u64,
+    /// Granted compute percent (0 = no limit).
+    pub compute_percent: u32,
+    /// Measured memory of the pod's processes.
+    pub measured_memory_mib: u64,
+    /// Measured utilisation of the pod's processes.
+    pub measured_utilization_percent: u32,
+    /// MIG device UUID when the share is a MIG instance.
+    pub mig_instance_uuid: String,
+}
+
+/// An inventory that cannot be accepted, naming the offending field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {problem}")]
+pub struct InventoryError {
+    /// Path of the field in the message, e.g. `inventory.gpus[2].uuid`.
+    pub field: String,
+    /// What is wrong and what is accepted.
+    pub problem: String,
+}
+
+/// A report about a GPU the node's inventory does not list.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("GPU {0} is not in the node's inventory")]
+pub struct UnknownGpu(pub String);
+
+struct Entry {
+    view: AgentNode,
+    /// Distinguishes streams: a stale stream ending must not disconnect a newer one.
+    session: u64,
+    /// The open stream's outbound side, for Resync.
+    outbound: Option<mpsc::Sender<pb::CoordinatorMessage>>,
+}
+
+struct Inner {
+    nodes: Mutex<BTreeMap<String, Entry>>,
+    changes: watch::Sender<u64>,
+    next_session: Mutex<u64>,
+}
+
+/// Live inventory of every node whose agent has connected; cheap to clone.
+#[derive(Clone)]
+pub struct AgentRegistry {
+    inner: Arc<Inner>,
+}
+
+impl Default for AgentRegistry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for AgentRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentRegistry")
+            .field("nodes", &self.inner.nodes.lock().len())
+            .finish()
+    }
+}
+
+/// Handle of one accepted stream, returned by [`AgentRegistry::connect`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Session {
+    /// Node name.
+    pub node: String,
+    id: u64,
+}
+
+impl AgentRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        let (changes, _) = watch::channel(0);
+        Self {
+            inner: Arc::new(Inner {
+                nodes: Mutex::new(BTreeMap::new()),
+                changes,
+                next_session: Mutex::new(0),
+            }),
+        }
+    }
+
+    /// The node's latest report, if its agent ever connected.
+    pub fn get(&self, node: &str) -> Option<AgentNode> {
+        self.inner.nodes.lock().get(node).map(|e| e.view.clone())
+    }
+
+    /// Every node's latest report, by node name.
+    pub fn all(&self) -> Vec<AgentNode> {
+        self.inner
+            .nodes
+            .lock()
+            .values()
+            .map(|e| e.view.clone())
+            .collect()
+    }
+
+    /// Number of nodes whose agent is connected now.
+    pub fn connected_count(&self) -> usize {
+        self.inner
+            .nodes
+            .lock()
+            .values()
+            .filter(|e| e.view.connected)
+            .count()
+    }
+
+    /// A receiver whose value is bumped on every inventory, health, occupancy or
+    /// connection change (not on heartbeats).
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.inner.changes.subscribe()
+    }
+
+    fn bump(&self) {
+        self.inner.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Records a new stream for `inventory.node_name`, replacing any older one.
+    pub fn connect(
+        &self,
+        inventory: &pb::NodeInventory,
+        protocol_version: u32,
+        outbound: mpsc::Sender<pb::CoordinatorMessage>,
+    ) -> Result<Session, InventoryError> {
+        let gpus = gpus_from_inventory(inventory)?;
+        let id = {
+            let mut next = self.inner.next_session.lock();
+            *next += 1;
+            *next
+        };
+        let node = inventory.node_name.clone();
+        {
+            let mut nodes = self.inner.nodes.lock();
+            let previous = nodes.remove(&node);
+            let mut view = AgentNode {
+                node: node.clone(),
+                agent_version: inventory.agent_version.clone(),
+                protocol_version,
+                gpus,
+                shares_per_gpu: inventory.shares_per_gpu,
+                occupancy: BTreeMap::new(),
+                health_reasons: BTreeMap::new(),
+                connected: true,
+                last_seen: Instant::now(),
+            };
+            // Health is not part of the inventory; keep what we knew until the agent's
+            // first occupancy snapshot says otherwise.
+            if let Some(prev) = previous {
+                carry_health(&prev.view, &mut view);
+            }
+            nodes.insert(
+                node.clone(),
+                Entry {
+                    view,
+                    session: id,
+                    outbound: Some(outbound),
+                },
+            );
+        }
+        self.bump();
+        Ok(Session { node, id })
+    }
+
+    /// Runs `f` on the entry of `session` if it is still the node's current stream.
+    fn with_current<R>(&self, session: &Session, f: impl FnOnce(&mut Entry) -> R) -> Option<R> {
+        let mut nodes = self.inner.nodes.lock();
+        let entry = nodes.get_mut(&session.node)?;
+        (entry.session == session.id).then(|| f(entry))
+    }
+
+    /// The agent said something (any message): refresh `last_seen`.
+    pub fn touch(&self, session: &Session) {
+        self.with_current(session, |e| e.view.last_seen = Instant::now());
+    }
+
+    /// Replaces the node's inventory (the agent's hardware changed, or a Resync).
+    pub fn replace_inventory(
+        &self,
+        session: &Session,
+        inventory: &pb::NodeInventory,
+    ) -> Result<(), InventoryError> {
+        let gpus = gpus_from_inventory(inventory)?;
+        let changed = self.with_current(session, |e| {
+            let old = e.view.clone();
+            e.view.gpus = gpus;
+            e.view.agent_version = inventory.agent_version.clone();
+            e.view.shares_per_gpu = inventory.shares_per_gpu;
+            e.view.last_seen = Instant::now();
+            carry_health(&old, &mut e.view);
+            e.view
+                .occupancy
+                .retain(|uuid, _| e.view.gpus.iter().any(|g| &g.uuid == uuid));
+            old.gpus != e.view.gpus || old.shares_per_gpu != e.view.shares_per_gpu
+        });
+        if changed == Some(true) {
+            self.bump();
+        }
+        Ok(())
+    }
+
+    /// Stores a full occupancy snapshot (health included). Unknown GPUs are reported
+    /// back so the caller can ask for a resync; the known ones are still applied.
+    pub fn set_occupancy(
+        &self,
+        session: &Session,
+        occupancy: &pb::Occupancy,
+    ) -> Result<(), UnknownGpu> {
+        let mut unknown = None;
+        let changed = self.with_current(session, |e| {
+            e.view.last_seen = Instant::now();
+            let mut changed = false;
+            for o in &occupancy.gpus {
+                let Some(gpu) = e.view.gpus.iter_mut().find(|g| g.uuid == o.gpu_uuid) else {
+                    if unknown.is_none() {
+                        unknown = Some(UnknownGpu(o.gpu_uuid.clone()));
+                    }
+                    continue;
+                };
+                // An unspecified health keeps what we knew.
+                let healthy = match pb::Health::try_from(o.health) {
+                    Ok(pb::Health::Healthy) => true,
+                    Ok(pb::Health::Unhealthy) => false,
+                    _ => gpu.healthy,
+                };
+                changed |= apply_health(gpu, &mut e.view.health_reasons, healthy, &o.health_reason);
+                let next = GpuOccupancy {
+                    healthy,
+                    shares: o.shares.iter().map(share).collect(),
+                    used_memory_mib: o.used_memory_mib,
+                    utilization_percent: o.utilization_percent,
+                };
+                if e.view.occupancy.get(&o.gpu_uuid) != Some(&next) {
+                    e.view.occupancy.insert(o.gpu_uuid.clone(), next);
+                    changed = true;
+                }
+            }
+            changed
+        });
+        if changed == Some(true) {
+            self.bump();
+        }
+        unknown.map_or(Ok(()), Err)
+    }
+
+    /// Applies one GPU's health change.
+    pub fn set_health(
+        &self,
+        session: &Session,
+        change: &pb::HealthChange,
+    ) -> Result<(), UnknownGpu> {
+        let healthy = match pb::Health::try_from(change.health) {
+            Ok(pb::Health::Healthy) => true,
+            Ok(pb::Health::Unhealthy) => false,
+            // Nothing to learn from an unspecified health.
+            _ => {
+                self.touch(session);
+                return Ok(());
+            }
+        };
+        let outcome = self.with_current(session, |e| {
+            e.view.last_seen = Instant::now();
+            let Some(gpu) = e.view.gpus.iter_mut().find(|g| g.uuid == change.gpu_uuid) else {
+                return Err(UnknownGpu(change.gpu_uuid.clone()));
+            };
+            let reason = if change.reason.is_empty() && change.xid != 0 {
+                format!("XID {}", change.xid)
+            } else {
+                change.reason.clone()
+            };
+            let changed = apply_health(gpu, &mut e.view.health_reasons, healthy, &reason);
+            if let Some(o) = e.view.occupancy.get_mut(&change.gpu_uuid) {
+                o.healthy = healthy;
+            }
+            Ok(changed)
+        });
+        match outcome {
+            Some(Ok(true)) => {
+                self.bump();
+                Ok(())
+            }
+            Some(Err(e)) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// The stream of `session` ended: the node is disconnected unless a newer stream
+    /// took its place.
+    pub fn disconnect(&self, session: &Session) {
+        let changed = self.with_current(session, |e| {
+            e.outbound = None;
+            std::mem::replace(&mut e.view.connected, false)
+        });
+        if changed == Some(true) {
+            self.bump();
+        }
+    }
+
+    /// Asks `node`'s agent to send its inventory and occupancy again. False when the
+    /// node has no open stream (or its outbound queue is full).
+    pub fn request_resync(&self, node: &str, reason: &str) -> bool {
+        let outbound = self
+            .inner
+            .nodes
+            .lock()
+            .get(node)
+            .and_then(|e| e.outbound.clone());
+        outbound.is_some_and(|tx| tx.try_send(resync(reason)).is_ok())
+    }
+
+    /// Asks every connected agent to resync (e.g. after this replica became leader).
+    pub fn resync_all(&self, reason: &str) -> usize {
+        let senders: Vec<_> = self
+            .inner
+            .nodes
+            .lock()
+            .values()
+            .filter_map(|e| e.outbound.clone())
+            .collect();
+        senders
+            .into_iter()
+            .filter(|tx| tx.try_send(resync(reason)).is_ok())
+            .count()
+    }
+}
+
+fn resync(reason: &str) -> pb::CoordinatorMessage {
+    pb::CoordinatorMessage {
+        body: Some(pb::coordinator_message::Body::Resync(pb::Resync {
+            reason: reason.to_owned(),
+        })),
+    }
+}
+
+/// Sets a GPU's health and reason; true when anything changed.
+fn apply_health(
+    gpu: &mut Gpu,
+    reasons: &mut BTreeMap<String, String>,
+    healthy: bool,
+    reason: &str,
+) -> bool {
+    let old_reason = if healthy {
+        reasons.remove(&gpu.uuid)
+    } else {
+        reasons.insert(gpu.uuid.clone(), reason.to_owned())
+    };
+    let changed = gpu.healthy != healthy || (!healthy && old_reason.as_deref() != Some(reason));
+    gpu.healthy = healthy;
+    changed
+}
+
+fn carry_health(old: &AgentNode, new: &mut AgentNode) {
+    for gpu in &mut new.gpus {
+        if let Some(prev) = old.gpus.iter().find(|g| g.uuid == gpu.uuid) {
+            gpu.healthy = prev.healthy;
+            if let Some(r) = old.health_reasons.get(&gpu.uuid) {
+                new.health_reasons.insert(gpu.uuid.clone(), r.clone());
+            }
+        }
+    }
+}
+
+fn share(s: &pb::Share) -> ShareInfo {
+    ShareInfo {
+        pod_uid: s.pod_uid.clone(),
+        pod_namespace: s.pod_namespace.clone(),
+        pod_name: s.pod_name.clone(),
+        container: s.container.clone(),
+        memory_limit_mib: s.memory_limit_mib,
+        compute_percent: s.compute_percent,
+        measured_memory_mib: s.measured_memory_mib,
+        measured_utilization_percent: s.measured_utilization_percent,
+        mig_instance_uuid: s.mig_instance_uuid.clone(),
+    }
+}
+
+/// Converts and checks an inventory: node name present, GPU UUIDs unique and non-empty,
+/// links between listed GPUs only. GPUs come back sorted by index, all healthy.
+pub fn gpus_from_inventory(inv: &pb::NodeInventory) -> Result<Vec<Gpu>, InventoryError> {
+    let err = |field: String, problem: &str| InventoryError {
+        field,
+        problem: problem.to_owned(),
+    };
+    if inv.node_name.is_empty() {
+        return Err(err(
+            "inventory.node_name".into(),
+            "required: the Kubernetes node name the agent runs on",
+        ));
+    }
+    let mut gpus: Vec<Gpu> = Vec::with_capacity(inv.gpus.len());
+    for (i, g) in inv.gpus.iter().enumerate() {
+        if g.uuid.is_empty() {
+            return Err(err(
+                format!("inventory.gpus[{i}].uuid"),
+                "required: the NVML UUID such as GPU-5f1c...",
+            ));
+        }
+        if gpus.iter().any(|o| o.uuid == g.uuid) {
+            return Err(err(
+                format!("inventory.gpus[{i}].uuid"),
+                &format!("{} appears twice; each GPU must be listed once", g.uuid),
+            ));
+        }
+        let mig = g.mig_enabled.then(|| {
+            g.mig_instances
+                .iter()
+                .map(|m| MigInstance {
+                    profile: m.profile.clone(),
+                    memory_mib: m.memory_mib,
+                    compute_milli: mig_compute_milli(&m.profile, m.memory_mib, g.memory_mib),
+                })
+                .collect()
+        });
+        gpus.push(Gpu {
+            uuid: g.uuid.clone(),
+            index: g.index,
+            model: g.model.clone(),
+            memory_mib: g.memory_mib,
+            nvlink_island: None,
+            healthy: true,
+            mig,
+        });
+    }
+    let links = inv
+        .links
+        .as_ref()
+        .map(|l| l.links.as_slice())
+        .unwrap_or(&[]);
+    let mut edges = Vec::new();
+    for (i, l) in links.iter().enumerate() {
+        let a = gpus.iter().position(|g| g.uuid == l.gpu_a);
+        let b = gpus.iter().position(|g| g.uuid == l.gpu_b);
+        let (Some(a), Some(b)) = (a, b) else {
+            return Err(err(
+                format!("inventory.links.links[{i}]"),
+                &format!(
+                    "links {} and {}, but both must be GPUs listed in inventory.gpus",
+                    l.gpu_a, l.gpu_b
+                ),
+            ));
+        };
+        if a != b && (l.nvlink_count > 0 || l.nvswitch) {
+            edges.push((a, b));
+        }
+    }
+    let islands = nvlink_islands(gpus.len(), &edges);
+    for (gpu, island) in gpus.iter_mut().zip(islands) {
+        gpu.nvlink_island = island;
+    }
+    gpus.sort_by_key(|g| g.index);
+    Ok(gpus)
+}
+
+/// Connected components of the NVLink/NVSwitch graph over `n` GPUs. A GPU with no NVLink
+/// peer gets `None`; components are numbered from 0 in order of their first GPU.
+pub fn nvlink_islands(n: usize, edges: &[(usize, usize)]) -> Vec<Option<u32>> {
+    let mut parent: Vec<usize> = (0..n).collect();
+    fn root(parent: &mut [usize], mut x: usize) -> usize {
+        while parent[x] != x {
+            parent[x] = parent[parent[x]];
+            x = parent[x];
+        }
+        x
+    }
+    let mut linked = vec![false; n];
+    for &(a, b) in edges {
+        if a >= n || b >= n {
+            continue;
+        }
+        linked[a] = true;
+        linked[b] = true;
+        let (ra, rb) = (root(&mut parent, a), root(&mut parent, b));
+        if ra != rb {
+            parent[ra.max(rb)] = ra.min(rb);
+        }
+    }
+    let mut ids: BTreeMap<usize, u32> = BTreeMap::new();
+    (0..n)
+        .map(|i| {
+            if !linked[i] {
+                return None;
+            }
+            let r = root(&mut parent, i);
+            let next = ids.len() as u32;
+            Some(*ids.entry(r).or_insert(next))
+        })
+        .collect()
+}
+
+/// Compute share of a MIG profile: `<k>g.<mem>` holds k of seven compute slices; an
+/// unrecognised name falls back to the instance's share of the GPU's memory.
+fn mig_compute_milli(profile: &str, memory_mib: u64, gpu_memory_mib: u64) -> u32 {
+    let slices = profile
+        .split_once('g')
+        .and_then(|(k, _)| k.parse::<u32>().ok())
+        .filter(|k| (1..=MIG_COMPUTE_SLICES).contains(k));
+    match slices {
+        Some(k) => k * 1000 / MIG_COMPUTE_SLICES,
+        None if gpu_memory_mib > 0 => {
+            ((memory_mib.min(gpu_memory_mib) * 1000) / gpu_memory_mib) as u32
+        }
+        None => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(a: &str, b: &str, nvlink: u32, nvswitch: bool) -> pb::GpuLink {
+        pb::GpuLink {
+            gpu_a: a.into(),
+            gpu_b: b.into(),
+            nvlink_count: nvlink,
+            nvswitch,
+            pcie: pb::PcieRelation::CrossSocket as i32,
+        }
+    }
+
+    fn inventory(n: u32, links: Vec<pb::GpuLink>) -> pb::NodeInventory {
+        pb::NodeInventory {
+            node_name: "n1".into(),
+            agent_version: "0.1.0".into(),
+            gpus: (0..n)
+                .map(|i| pb::Gpu {
+                    uuid: format!("GPU-{i}"),
+                    index: i,
+                    model: "H100".into(),
+                    memory_mib: 81920,
+                    ..Default::default()
+                })
+                .collect(),
+            links: Some(pb::LinkMatrix { links }),
+            shares_per_gpu: 10,
+        }
+    }
+
+    #[test]
+    fn islands_are_connected_components_of_nvlink_and_nvswitch() {
+        // 0-1 NVLink, 1-2 NVLink (so 0,1,2 one island), 3-4 NVSwitch, 5 alone.
+        let inv = inventory(
+            6,
+            vec![
+                link("GPU-0", "GPU-1", 4, false),
+                link("GPU-1", "GPU-2", 2, false),
+                link("GPU-0", "GPU-5", 0, false),
+                link("GPU-3", "GPU-4", 0, true),
+            ],
+        );
+        let gpus = gpus_from_inventory(&inv).unwrap();
+        let islands: Vec<_> = gpus.iter().map(|g| g.nvlink_island).collect();
+        assert_eq!(
+            islands,
+            vec![Some(0), Some(0), Some(0), Some(1), Some(1), None]
+        );
+    }
+
+    #[test]
+    fn links_to_unknown_gpus_and_duplicates_are_rejected_naming_the_field() {
+        let inv = inventory(2, vec![link("GPU-0", "GPU-9", 1, false)]);
+        let e = gpus_from_inventory(&inv).unwrap_err();
+        assert_eq!(e.field, "inventory.links.links[0]");
+        let mut inv = inventory(2, vec![]);
+        inv.gpus[1].uuid = "GPU-0".into();
+        let e = gpus_from_inventory(&inv).unwrap_err();
+        assert_eq!(e.field, "inventory.gpus[1].uuid");
+        let mut inv = inventory(1, vec![]);
+        inv.node_name.clear();
+        assert_eq!(
+            gpus_from_inventory(&inv).unwrap_err().field,
+            "inventory.node_name"
+        );
+    }
+
+    #[test]
+    fn mig_profiles_map_to_compute_slices() {
+        assert_eq!(mig_compute_milli("1g.10gb", 9856, 81920), 142);
+        assert_eq!(mig_compute_milli("7g.80gb", 81920, 81920), 1000);
+        assert_eq!(mig_compute_milli("odd", 40960, 81920), 500);
+    }
+
+    #[test]
+    fn a_stale_session_does_not_disconnect_a_newer_one() {
+        let reg = AgentRegistry::new();
+        let (tx, _rx) = mpsc::channel(4);
+        let inv = inventory(2, vec![]);
+        let old = reg.connect(&inv, 1, tx.clone()).unwrap();
+        let new = reg.connect(&inv, 1, tx).unwrap();
+        reg.disconnect(&old);
+        assert!(reg.get("n1").unwrap().connected);
+        reg.disconnect(&new);
+        assert!(!reg.get("n1").unwrap().connected);
+    }
+
+    #[test]
+    fn health_changes_bump_and_survive_a_reconnect() {
+        let reg = AgentRegistry::new();
+        let mut changes = reg.changes();
+        let (tx, _rx) = mpsc::channel(4);
+        let inv = inventory(2, vec![]);
+        let s = reg.connect(&inv, 1, tx.clone()).unwrap();
+        changes.mark_unchanged();
+        reg.set_health(
+            &s,
+            &pb::HealthChange {
+                gpu_uuid: "GPU-1".into(),
+                health: pb::Health::Unhealthy as i32,
+                xid: 79,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert!(changes.has_changed().unwrap());
+        let n = reg.get("n1").unwrap();
+        assert!(!n.gpus[1].healthy);
+        assert_eq!(n.health_reasons["GPU-1"], "XID 79");
+        let s2 = reg.connect(&inv, 1, tx).unwrap();
+        assert!(!reg.get("n1").unwrap().gpus[1].healthy);
+        let unknown = reg.set_health(
+            &s2,
+            &pb::HealthChange {
+                gpu_uuid: "GPU-7".into(),
+                health: pb::Health::Healthy as i32,
+                ..Default::default()
+            },
+        );
+        assert_eq!(unknown, Err(UnknownGpu("GPU-7".into())));
+    }
+}

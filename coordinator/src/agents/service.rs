@@ -1,0 +1,360 @@
+//! The `tessera.v1.AgentService/Connect` server: authenticate, read Hello, negotiate the
+//! protocol revision, Welcome or Reject, then feed the registry until the stream ends.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use futures::Stream;
+use tessera_proto::tessera::v1 as pb;
+use tessera_proto::tessera::v1::agent_service_server::AgentService;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::auth::{Authenticator, Identity};
+use super::registry::{AgentRegistry, Session};
+
+/// Heartbeats missed before a silent agent's stream is closed.
+const MISSED_HEARTBEATS: u32 = 3;
+/// Outbound messages queued per stream.
+const OUTBOUND_QUEUE: usize = 64;
+
+/// Settings of the agent service.
+#[derive(Clone, Debug)]
+pub struct ServiceOptions {
+    /// This replica's identity, sent in Welcome (for the agents' logs).
+    pub coordinator_id: String,
+    /// Heartbeat interval asked of the agents and used towards them.
+    pub heartbeat_interval: Duration,
+    /// When set, streams are accepted only while it reads `true` (this replica leads) and
+    /// are closed when it turns `false`. Only the leader's registry feeds scheduling, so an
+    /// agent that reached a standby through the Service is told to try again; its
+    /// reconnect backoff then lands it on the leader.
+    pub leadership: Option<watch::Receiver<bool>>,
+}
+
+impl Default for ServiceOptions {
+    fn default() -> Self {
+        Self {
+            coordinator_id: "tessera-coordinator".to_owned(),
+            heartbeat_interval: Duration::from_secs(10),
+            leadership: None,
+        }
+    }
+}
+
+/// The gRPC service implementation.
+#[derive(Clone)]
+pub struct AgentServer {
+    registry: AgentRegistry,
+    auth: Authenticator,
+    options: ServiceOptions,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl AgentServer {
+    /// A service feeding `registry`.
+    pub fn new(
+        registry: AgentRegistry,
+        auth: Authenticator,
+        options: ServiceOptions,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
+        Self {
+            registry,
+            auth,
+            options,
+            shutdown,
+        }
+    }
+}
+
+/// Resolves once `leadership` reads `false`; never when there is none or its sender is gone.
+async fn lost(leadership: &mut Option<watch::Receiver<bool>>) {
+    if let Some(rx) = leadership
+        && rx.wait_for(|leading| !*leading).await.is_ok()
+    {
+        return;
+    }
+    std::future::pending::<()>().await
+}
+
+type Outbound = mpsc::Sender<Result<pb::CoordinatorMessage, Status>>;
+
+fn coordinator_msg(body: pb::coordinator_message::Body) -> pb::CoordinatorMessage {
+    pb::CoordinatorMessage { body: Some(body) }
+}
+
+#[tonic::async_trait]
+impl AgentService for AgentServer {
+    type ConnectStream = Pin<Box<dyn Stream<Item = Result<pb::CoordinatorMessage, Status>> + Send>>;
+
+    async fn connect(
+        &self,
+        request: Request<Streaming<pb::AgentMessage>>,
+    ) -> Result<Response<Self::ConnectStream>, Status> {
+        let peer = request.remote_addr();
+        if let Some(leadership) = &self.options.leadership
+            && !*leadership.borrow()
+        {
+            return Err(Status::unavailable(
+                "this coordinator replica is a standby; reconnect to reach the leader",
+            ));
+        }
+        let authorization = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let identity = match self.auth.authenticate(authorization.as_deref()).await {
+            Ok(identity) => identity,
+            Err(error) => {
+                tracing::warn!(?peer, %error, "agent stream refused");
+                return Err(error.to_status());
+            }
+        };
+        let (tx, rx) = mpsc::channel(OUTBOUND_QUEUE);
+        let stream = Stream_ {
+            server: self.clone(),
+            identity,
+            inbound: request.into_inner(),
+            tx,
+        };
+        // The response must go out before Hello is read: a client may wait for the
+        // response headers before it sends anything.
+        tokio::spawn(stream.run());
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// One agent stream's state.
+struct Stream_ {
+    server: AgentServer,
+    identity: Identity,
+    inbound: Streaming<pb::AgentMessage>,
+    tx: Outbound,
+}
+
+/// How a stream ended, for the log.
+enum End {
+    AgentClosed,
+    Silent,
+    Shutdown,
+    Refused(Status),
+    Gone,
+}
+
+impl Stream_ {
+    async fn run(mut self) {
+        let hb = self.server.options.heartbeat_interval;
+        let dead_after = hb * MISSED_HEARTBEATS;
+        let first = tokio::time::timeout(dead_after, self.inbound.next()).await;
+        let hello = match first {
+            Ok(Some(Ok(pb::AgentMessage {
+                body: Some(pb::agent_message::Body::Hello(hello)),
+            }))) => hello,
+            Ok(Some(Ok(_))) => {
+                return self
+                    .refuse(Status::failed_precondition(
+                        "the first message of a stream must be Hello",
+                    ))
+                    .await;
+            }
+            Ok(Some(Err(status))) => {
+                tracing::debug!(%status, "agent stream failed before Hello");
+                return;
+            }
+            Ok(None) => return,
+            Err(_) => {
+                return self
+                    .refuse(Status::deadline_exceeded(format!(
+                        "no Hello within {dead_after:?}"
+                    )))
+                    .await;
+            }
+        };
+        let accepted = match pb::negotiate_protocol(pb::PROTOCOL_VERSION, hello.protocol_version) {
+            Ok(v) => v,
+            Err(reject) => {
+                let node = hello.inventory.map(|i| i.node_name).unwrap_or_default();
+                tracing::warn!(%node, reason = %reject.reason, "agent protocol rejected");
+                let _ = self
+                    .tx
+                    .send(Ok(coordinator_msg(pb::coordinator_message::Body::Reject(
+                        reject,
+                    ))))
+                    .await;
+                return;
+            }
+        };
+        let Some(inventory) = hello.inventory else {
+            return self
+                .refuse(Status::invalid_argument(
+                    "Hello.inventory: required, the node's GPU inventory",
+                ))
+                .await;
+        };
+        if let Err(error) = self.identity.check_node(&inventory.node_name) {
+            tracing::warn!(node = %inventory.node_name, %error, "agent stream refused");
+            return self.refuse(error.to_status()).await;
+        }
+        // The registry's outbound channel carries Resyncs from other tasks.
+        let (side_tx, mut side_rx) = mpsc::channel::<pb::CoordinatorMessage>(8);
+        let session = match self.server.registry.connect(&inventory, accepted, side_tx) {
+            Ok(s) => s,
+            Err(error) => {
+                return self
+                    .refuse(Status::invalid_argument(format!("Hello.{error}")))
+                    .await;
+            }
+        };
+        tracing::info!(
+            node = %session.node,
+            agent_version = %inventory.agent_version,
+            protocol = accepted,
+            gpus = inventory.gpus.len(),
+            "agent connected"
+        );
+        let welcome = pb::Welcome {
+            accepted_protocol_version: accepted,
+            heartbeat_interval_ms: u32::try_from(hb.as_millis()).unwrap_or(u32::MAX),
+            coordinator_id: self.server.options.coordinator_id.clone(),
+        };
+        let end = if self
+            .send(pb::coordinator_message::Body::Welcome(welcome))
+            .await
+        {
+            self.serve(&session, &mut side_rx).await
+        } else {
+            End::Gone
+        };
+        self.server.registry.disconnect(&session);
+        match end {
+            End::Refused(status) => {
+                tracing::warn!(node = %session.node, %status, "agent stream closed");
+                let _ = self.tx.send(Err(status)).await;
+            }
+            End::AgentClosed => tracing::info!(node = %session.node, "agent disconnected"),
+            End::Silent => tracing::warn!(
+                node = %session.node,
+                "agent missed {MISSED_HEARTBEATS} heartbeats; stream closed"
+            ),
+            End::Shutdown => tracing::debug!(node = %session.node, "stream closed for shutdown"),
+            End::Gone => tracing::info!(node = %session.node, "agent stream ended"),
+        }
+    }
+
+    async fn refuse(self, status: Status) {
+        let _ = self.tx.send(Err(status)).await;
+    }
+
+    /// Sends one message; false when the agent is gone.
+    async fn send(&self, body: pb::coordinator_message::Body) -> bool {
+        self.tx.send(Ok(coordinator_msg(body))).await.is_ok()
+    }
+
+    async fn serve(
+        &mut self,
+        session: &Session,
+        side: &mut mpsc::Receiver<pb::CoordinatorMessage>,
+    ) -> End {
+        let hb = self.server.options.heartbeat_interval;
+        let dead_after = hb * MISSED_HEARTBEATS;
+        let mut shutdown = self.server.shutdown.clone();
+        let mut leadership = self.server.options.leadership.clone();
+        let mut tick = tokio::time::interval_at(Instant::now() + hb, hb);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_heard = Instant::now();
+        let mut sequence = 0u64;
+        loop {
+            tokio::select! {
+                incoming = self.inbound.next() => {
+                    let message = match incoming {
+                        None => return End::AgentClosed,
+                        Some(Err(status)) => {
+                            tracing::debug!(node = %session.node, %status, "agent stream error");
+                            return End::AgentClosed;
+                        }
+                        Some(Ok(m)) => m,
+                    };
+                    last_heard = Instant::now();
+                    if let Some(end) = self.handle(session, message).await {
+                        return end;
+                    }
+                }
+                Some(message) = side.recv() => {
+                    if self.tx.send(Ok(message)).await.is_err() {
+                        return End::Gone;
+                    }
+                }
+                _ = tick.tick() => {
+                    if last_heard.elapsed() > dead_after {
+                        return End::Silent;
+                    }
+                    sequence += 1;
+                    let beat = pb::Heartbeat { sequence, sent_unix_ms: now_unix_ms() };
+                    if !self.send(pb::coordinator_message::Body::Heartbeat(beat)).await {
+                        return End::Gone;
+                    }
+                }
+                _ = super::stopped(&mut shutdown) => return End::Shutdown,
+                _ = lost(&mut leadership) => {
+                    return End::Refused(Status::unavailable(
+                        "this coordinator replica lost leadership; reconnect to reach the leader",
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Applies one agent message; `Some` ends the stream.
+    async fn handle(&mut self, session: &Session, message: pb::AgentMessage) -> Option<End> {
+        use pb::agent_message::Body;
+        let registry = &self.server.registry;
+        let unknown = match message.body {
+            Some(Body::Heartbeat(_)) | None => {
+                registry.touch(session);
+                None
+            }
+            Some(Body::Occupancy(o)) => registry.set_occupancy(session, &o).err(),
+            Some(Body::HealthChange(h)) => registry.set_health(session, &h).err(),
+            Some(Body::Inventory(inv)) => {
+                if inv.node_name != session.node {
+                    return Some(End::Refused(Status::invalid_argument(format!(
+                        "inventory.node_name: {:?} differs from the stream's node {:?}; \
+                         an agent reports only for the node it said Hello for",
+                        inv.node_name, session.node
+                    ))));
+                }
+                if let Err(error) = registry.replace_inventory(session, &inv) {
+                    return Some(End::Refused(Status::invalid_argument(error.to_string())));
+                }
+                None
+            }
+            Some(Body::Hello(_)) => {
+                return Some(End::Refused(Status::failed_precondition(
+                    "Hello is only valid as the first message of a stream; open a new stream to reconnect",
+                )));
+            }
+        };
+        if let Some(gpu) = unknown {
+            // The agent knows hardware we do not: ask for the whole picture again.
+            let resync = pb::Resync {
+                reason: gpu.to_string(),
+            };
+            if !self
+                .send(pb::coordinator_message::Body::Resync(resync))
+                .await
+            {
+                return Some(End::Gone);
+            }
+        }
+        None
+    }
+}
+
+fn now_unix_ms() -> i64 {
+    jiff::Timestamp::now().as_millisecond()
+}

@@ -1,0 +1,319 @@
+//! Writes decisions to the API server: the assignment annotation, then the Binding; evictions
+//! through the Eviction API.
+//!
+//! A unit (a gang, or a single pod) is written in two passes: every member's
+//! `tessera.dev/assignment` first, then every Binding. If any call fails, the members not yet
+//! bound stay unbound and the ones already bound are evicted again, so no partial gang runs.
+//! A member whose patch went through but whose Binding did not keeps a stale annotation; it is
+//! harmless (the agent reads only pods bound to its node) and the next decision overwrites it.
+
+use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, EvictParams, Patch, PatchParams, PostParams, Preconditions};
+use serde_json::json;
+
+use super::events::{self, EventKind, EventWriter};
+use super::{ASSIGNED_AT_ANNOTATION, ASSIGNMENT_ANNOTATION};
+use crate::model::Assignment;
+
+/// One pod to bind.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BindTarget {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID (a precondition of every write, so a recreated pod of the same name is untouched).
+    pub uid: String,
+    /// Target node.
+    pub node: String,
+    /// The exact GPU assignment.
+    pub assignment: Assignment,
+    /// The resourceVersion the decision was made on: the assignment write is refused (409)
+    /// when the pod changed since, e.g. another replica bound it.
+    pub resource_version: Option<String>,
+    /// The assignment annotation is already written (by [`Binder::annotate`]); only the
+    /// Binding remains.
+    pub annotated: bool,
+}
+
+/// A pod to evict.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EvictTarget {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID.
+    pub uid: String,
+}
+
+/// What became of a unit.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct UnitOutcome {
+    /// UIDs bound (and left bound).
+    pub bound: Vec<String>,
+    /// The first failure: the pod's UID and the error text.
+    pub failed: Option<(String, String)>,
+    /// UIDs bound during this unit and evicted again because another member failed.
+    pub rolled_back: Vec<String>,
+}
+
+/// How an eviction ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EvictOutcome {
+    /// The API accepted the eviction.
+    Evicted,
+    /// The pod was already gone (or replaced by another pod of the same name).
+    Gone,
+}
+
+/// Writes bindings and evictions.
+#[derive(Clone)]
+pub struct Binder {
+    client: kube::Client,
+    events: EventWriter,
+}
+
+impl Binder {
+    /// A binder writing through `client`, reporting through `events`.
+    pub fn new(client: kube::Client, events: EventWriter) -> Self {
+        Self { client, events }
+    }
+
+    fn pods(&self, namespace: &str) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), namespace)
+    }
+
+    /// Writes the assignment annotation of every target; on the first failure stops and
+    /// returns the pod's UID and the error (with an event on the pod).
+    pub async fn annotate(&self, targets: &[BindTarget]) -> Result<(), (String, String)> {
+        let at = jiff::Timestamp::now().to_string();
+        for t in targets {
+            if let Err(e) = self.write_assignment(t, &at).await {
+                self.report_failure(t, &e.to_string()).await;
+                return Err((
+                    t.uid.clone(),
+                    format!("writing {ASSIGNMENT_ANNOTATION}: {e}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the assignment annotations of every member, then binds each; on the first
+    /// failure binds nothing more and evicts the members bound so far.
+    pub async fn bind_unit(&self, unit: &[BindTarget]) -> UnitOutcome {
+        let mut outcome = UnitOutcome::default();
+        let at = jiff::Timestamp::now().to_string();
+        for t in unit.iter().filter(|t| !t.annotated) {
+            if let Err(e) = self.write_assignment(t, &at).await {
+                outcome.failed = Some((
+                    t.uid.clone(),
+                    format!("writing {ASSIGNMENT_ANNOTATION}: {e}"),
+                ));
+                self.report_failure(t, &e.to_string()).await;
+                return outcome;
+            }
+        }
+        for t in unit {
+            match self.bind(t).await {
+                Ok(()) => outcome.bound.push(t.uid.clone()),
+                Err(e) => {
+                    outcome.failed = Some((t.uid.clone(), format!("binding to {}: {e}", t.node)));
+                    self.report_failure(t, &e.to_string()).await;
+                    break;
+                }
+            }
+        }
+        if outcome.failed.is_some() && !outcome.bound.is_empty() {
+            let failed = outcome
+                .failed
+                .as_ref()
+                .map(|f| f.0.clone())
+                .unwrap_or_default();
+            let failed_name = unit
+                .iter()
+                .find(|t| t.uid == failed)
+                .map(|t| format!("{}/{}", t.namespace, t.name))
+                .unwrap_or(failed);
+            let reason = format!(
+                "gang member {failed_name} could not be bound; evicting the members already bound so no partial gang runs"
+            );
+            for uid in std::mem::take(&mut outcome.bound) {
+                let Some(t) = unit.iter().find(|t| t.uid == uid) else {
+                    continue;
+                };
+                let target = EvictTarget {
+                    namespace: t.namespace.clone(),
+                    name: t.name.clone(),
+                    uid: t.uid.clone(),
+                };
+                // A refused eviction (disruption budget) must not leave a partial gang.
+                if let Err(e) = self.evict_or_delete(&target, &reason).await {
+                    tracing::warn!(pod = %t.name, error = %e, "could not roll back a gang member");
+                }
+                outcome.rolled_back.push(uid);
+            }
+        }
+        for t in unit.iter().filter(|t| outcome.bound.contains(&t.uid)) {
+            let gpus: Vec<String> = t
+                .assignment
+                .slices()
+                .map(|s| {
+                    if s.compute_milli >= 1000 {
+                        s.uuid.clone()
+                    } else {
+                        format!("{} ({}‰, {} MiB)", s.uuid, s.compute_milli, s.memory_mib)
+                    }
+                })
+                .collect();
+            let message = if gpus.is_empty() {
+                format!(
+                    "Successfully assigned {}/{} to {}",
+                    t.namespace, t.name, t.node
+                )
+            } else {
+                format!(
+                    "Successfully assigned {}/{} to {} with GPUs {}",
+                    t.namespace,
+                    t.name,
+                    t.node,
+                    gpus.join(", ")
+                )
+            };
+            self.events
+                .publish(
+                    &pod_object(&t.namespace, &t.name, &t.uid),
+                    EventKind::Normal,
+                    events::SCHEDULED,
+                    &message,
+                )
+                .await;
+        }
+        outcome
+    }
+
+    async fn report_failure(&self, t: &BindTarget, error: &str) {
+        self.events
+            .publish(
+                &pod_object(&t.namespace, &t.name, &t.uid),
+                EventKind::Warning,
+                events::BIND_FAILED,
+                &format!("binding to node {} failed: {error}", t.node),
+            )
+            .await;
+    }
+
+    async fn write_assignment(&self, t: &BindTarget, at: &str) -> Result<(), kube::Error> {
+        // The resourceVersion makes the write conditional: a pod bound (or recreated under the
+        // same name) since the snapshot must never get a new assignment, or its agent could
+        // read GPUs that belong to another decision.
+        let mut metadata = json!({"annotations": {
+            ASSIGNMENT_ANNOTATION: t.assignment.to_json(),
+            ASSIGNED_AT_ANNOTATION: at,
+        }});
+        if let Some(rv) = &t.resource_version {
+            metadata["resourceVersion"] = json!(rv);
+        }
+        let patch = json!({ "metadata": metadata });
+        self.pods(&t.namespace)
+            .patch(&t.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(drop)
+    }
+
+    async fn bind(&self, t: &BindTarget) -> Result<(), kube::Error> {
+        let binding = Binding {
+            metadata: ObjectMeta {
+                name: Some(t.name.clone()),
+                namespace: Some(t.namespace.clone()),
+                uid: Some(t.uid.clone()),
+                ..ObjectMeta::default()
+            },
+            target: ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some("Node".to_owned()),
+                name: Some(t.node.clone()),
+                ..ObjectReference::default()
+            },
+        };
+        let _: serde_json::Value = self
+            .pods(&t.namespace)
+            .create_subresource("binding", &t.name, &PostParams::default(), &binding)
+            .await?;
+        Ok(())
+    }
+
+    /// Evicts a pod through the Eviction API (policy/v1) and writes an `Evicted` event with
+    /// `reason`.
+    pub async fn evict(&self, t: &EvictTarget, reason: &str) -> Result<EvictOutcome, kube::Error> {
+        let params = EvictParams {
+            delete_options: Some(DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(t.uid.clone()),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            }),
+            post_options: PostParams::default(),
+        };
+        match self.pods(&t.namespace).evict(&t.name, &params).await {
+            Ok(_) => {
+                self.events
+                    .publish(
+                        &pod_object(&t.namespace, &t.name, &t.uid),
+                        EventKind::Normal,
+                        events::EVICTED,
+                        reason,
+                    )
+                    .await;
+                Ok(EvictOutcome::Evicted)
+            }
+            // Gone already, or the name now belongs to a new pod (uid precondition).
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(EvictOutcome::Gone),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Evicts; when the eviction is refused (a disruption budget answers 429), deletes.
+    async fn evict_or_delete(
+        &self,
+        t: &EvictTarget,
+        reason: &str,
+    ) -> Result<EvictOutcome, kube::Error> {
+        match self.evict(t, reason).await {
+            Err(kube::Error::Api(s)) if s.code == 429 => {
+                let params = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: Some(t.uid.clone()),
+                        resource_version: None,
+                    }),
+                    ..DeleteParams::default()
+                };
+                match self.pods(&t.namespace).delete(&t.name, &params).await {
+                    Ok(_) => {
+                        self.events
+                            .publish(
+                                &pod_object(&t.namespace, &t.name, &t.uid),
+                                EventKind::Normal,
+                                events::EVICTED,
+                                reason,
+                            )
+                            .await;
+                        Ok(EvictOutcome::Evicted)
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
+                        Ok(EvictOutcome::Gone)
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            other => other,
+        }
+    }
+}
+
+fn pod_object(namespace: &str, name: &str, uid: &str) -> ObjectReference {
+    events::pod_ref(namespace, name, uid)
+}

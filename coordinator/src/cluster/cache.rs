@@ -1,0 +1,282 @@
+//! The coordinator's copy of the cluster: kube-runtime watchers on pods (of every scheduler, so
+//! what others run is counted), nodes, queues, pod groups, topologies and priority classes,
+//! each feeding one table of an incremental store keyed by uid or name.
+//!
+//! Every event bumps a change counter the scheduling loop waits on. The cache is ready once
+//! every watcher finished its initial list; a custom resource whose CRD is not installed
+//! (404 on list) counts as an empty, listed table so a cluster without Topology objects is
+//! still schedulable.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use parking_lot::{Mutex, RwLock};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::crd::{PodGroup, Queue, Topology};
+
+/// Everything the watchers know, by key. Cloning is cheap (objects are shared).
+#[derive(Clone, Debug, Default)]
+pub struct Store {
+    /// Pods of every scheduler, by uid (finished pods included; the snapshot skips them).
+    pub pods: BTreeMap<String, Arc<Pod>>,
+    /// Nodes by name.
+    pub nodes: BTreeMap<String, Arc<Node>>,
+    /// Queues by name.
+    pub queues: BTreeMap<String, Arc<Queue>>,
+    /// PodGroups by `namespace/name`.
+    pub pod_groups: BTreeMap<String, Arc<PodGroup>>,
+    /// Topologies by name.
+    pub topologies: BTreeMap<String, Arc<Topology>>,
+    /// PriorityClasses by name.
+    pub priority_classes: BTreeMap<String, Arc<PriorityClass>>,
+}
+
+/// An object type the cache keeps, and where.
+trait Cached: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static {
+    /// Display name for logs.
+    const KIND: &'static str;
+    /// Its key, `None` for objects the store cannot index.
+    fn key(&self) -> Option<String>;
+    /// Its table.
+    fn table(store: &mut Store) -> &mut BTreeMap<String, Arc<Self>>;
+    /// Drops what the coordinator never reads (managed fields are most of a pod's size).
+    fn trim(&mut self) {
+        self.meta_mut().managed_fields = None;
+    }
+}
+
+impl Cached for Pod {
+    const KIND: &'static str = "pods";
+    fn key(&self) -> Option<String> {
+        self.metadata.uid.clone()
+    }
+    fn table(store: &mut Store) -> &mut BTreeMap<String, Arc<Self>> {
+        &mut store.pods
+    }
+}
+
+impl Cached for Node {
+    const KIND: &'static str = "nodes";
+    fn key(&self) -> Option<String> {
+        self.metadata.name.clone()
+    }
+    fn table(store: &mut Store) -> &mut BTreeMap<String, Arc<Self>> {
+        &mut store.nodes
+    }
+    fn trim(&mut self) {
+        self.metadata.managed_fields = None;
+        // Image lists can be large and are never read.
+        if let Some(s) = self.status.as_mut() {
+            s.images = None;
+        }
+    }
+}
+
+impl Cached for Queue {
+    const KIND: &'static str = "queues";
+    fn key(&self) -> Option<String> {
+        self.metadata.name.clone()
+    }
+    fn table(store: &mut Store) -> &mut BTreeMap<String, Arc<Self>> {
+        &mut store.queues
+    }
+}
+
+impl Cached for PodGroup {
+    const KIND: &'static str = "podgroups";
+    fn key(&self) -> Option<String> {
+        Some(format!(
+            "{}/{}",
+            self.namespace()?,
+            self.metadata.name.clone()?
+        ))
+    }
+    fn table(store: &mut Store) -> &mut BTreeMap<String, Arc<Self>> {
+        &mut store.pod_groups
+    }
+}
+
+impl Cached for Topology {
+    const KIND: &'static str = "topologies";
+    fn key(&self) -> Option<String> {
+        self.metadata.name.clone()
+    }
+    fn table(store: &mut Store) -> &mut BTreeMap<String, Arc<Self>> {
+        &mut store.topologies
+    }
+}
+
+impl Cached for PriorityClass {
+    const KIND: &'static str = "priorityclasses";
+    fn key(&self) -> Option<String> {
+        self.metadata.name.clone()
+    }
+    fn table(store: &mut Store) -> &mut BTreeMap<String, Arc<Self>> {
+        &mut store.priority_classes
+    }
+}
+
+/// Number of watchers (one per table).
+const WATCHERS: usize = 6;
+
+struct Inner {
+    store: RwLock<Store>,
+    changes: watch::Sender<u64>,
+    ready: watch::Sender<bool>,
+    listed: Mutex<[bool; WATCHERS]>,
+}
+
+impl Inner {
+    fn bump(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    fn mark_listed(&self, slot: usize) {
+        let all = {
+            let mut listed = self.listed.lock();
+            listed[slot] = true;
+            listed.iter().all(|l| *l)
+        };
+        if all {
+            self.ready.send_if_modified(|r| !std::mem::replace(r, true));
+        }
+        self.bump();
+    }
+}
+
+/// The watchers and their store; cheap to clone.
+#[derive(Clone)]
+pub struct Cache {
+    inner: Arc<Inner>,
+    tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+impl Cache {
+    /// Starts every watcher on `client`.
+    pub fn start(client: &kube::Client) -> Self {
+        let (changes, _) = watch::channel(0);
+        let (ready, _) = watch::channel(false);
+        let inner = Arc::new(Inner {
+            store: RwLock::new(Store::default()),
+            changes,
+            ready,
+            listed: Mutex::new([false; WATCHERS]),
+        });
+        let tasks = vec![
+            spawn_watcher::<Pod>(Api::all(client.clone()), Arc::clone(&inner), 0),
+            spawn_watcher::<Node>(Api::all(client.clone()), Arc::clone(&inner), 1),
+            spawn_watcher::<Queue>(Api::all(client.clone()), Arc::clone(&inner), 2),
+            spawn_watcher::<PodGroup>(Api::all(client.clone()), Arc::clone(&inner), 3),
+            spawn_watcher::<Topology>(Api::all(client.clone()), Arc::clone(&inner), 4),
+            spawn_watcher::<PriorityClass>(Api::all(client.clone()), Arc::clone(&inner), 5),
+        ];
+        Self {
+            inner,
+            tasks: Arc::new(Mutex::new(tasks)),
+        }
+    }
+
+    /// A consistent copy of the store (objects shared, not copied).
+    pub fn store(&self) -> Store {
+        self.inner.store.read().clone()
+    }
+
+    /// Runs `f` on the store under the read lock (for small lookups).
+    pub fn read<R>(&self, f: impl FnOnce(&Store) -> R) -> R {
+        f(&self.inner.store.read())
+    }
+
+    /// Bumped on every change to any table.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.inner.changes.subscribe()
+    }
+
+    /// True once every watcher finished its initial list.
+    pub fn ready(&self) -> watch::Receiver<bool> {
+        self.inner.ready.subscribe()
+    }
+
+    /// Whether every watcher finished its initial list.
+    pub fn is_ready(&self) -> bool {
+        *self.inner.ready.borrow()
+    }
+
+    /// Stops every watcher.
+    pub fn stop(&self) {
+        for t in self.tasks.lock().drain(..) {
+            t.abort();
+        }
+    }
+}
+
+fn spawn_watcher<K: Cached>(api: Api<K>, inner: Arc<Inner>, slot: usize) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut fresh: Option<BTreeMap<String, Arc<K>>> = None;
+        let mut stream = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        let mut last_error: Option<String> = None;
+        while let Some(event) = stream.next().await {
+            let event = match event {
+                Ok(e) => e,
+                Err(error) => {
+                    // A custom resource whose CRD is absent: empty, and listed.
+                    if let watcher::Error::InitialListFailed(kube::Error::Api(s)) = &error
+                        && s.code == 404
+                    {
+                        {
+                            let mut store = inner.store.write();
+                            K::table(&mut store).clear();
+                        }
+                        inner.mark_listed(slot);
+                    }
+                    let text = error.to_string();
+                    if last_error.as_deref() != Some(text.as_str()) {
+                        tracing::warn!(kind = K::KIND, error = %text, "watch failed; retrying");
+                        last_error = Some(text);
+                    }
+                    continue;
+                }
+            };
+            last_error = None;
+            match event {
+                watcher::Event::Init => fresh = Some(BTreeMap::new()),
+                watcher::Event::InitApply(mut obj) => {
+                    obj.trim();
+                    if let (Some(map), Some(key)) = (fresh.as_mut(), obj.key()) {
+                        map.insert(key, Arc::new(obj));
+                    }
+                }
+                watcher::Event::InitDone => {
+                    if let Some(map) = fresh.take() {
+                        *K::table(&mut inner.store.write()) = map;
+                    }
+                    inner.mark_listed(slot);
+                }
+                watcher::Event::Apply(mut obj) => {
+                    obj.trim();
+                    if let Some(key) = obj.key() {
+                        K::table(&mut inner.store.write()).insert(key, Arc::new(obj));
+                        inner.bump();
+                    }
+                }
+                watcher::Event::Delete(obj) => {
+                    if let Some(key) = obj.key() {
+                        K::table(&mut inner.store.write()).remove(&key);
+                        inner.bump();
+                    }
+                }
+            }
+        }
+    })
+}

@@ -1,0 +1,274 @@
+//! The coordinator in a cluster: watches → cache → snapshot → scheduling cycle → binder, with
+//! status and events, behind leader election.
+//!
+//! [`Coordinator::start`] wires the pieces: the [`cache::Cache`] (kube-runtime watchers), the
+//! agent registry and its gRPC service, the Lease-based [`leader`] elector, the operations HTTP
+//! server and the leader-only [`scheduler`] loop. The scheduling core never depends on this
+//! module; this module only reads the core's decisions and writes them to the API server.
+
+pub mod binder;
+pub mod cache;
+pub mod events;
+pub mod leader;
+pub mod scheduler;
+pub mod snapshot;
+pub mod status;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::agents::{AgentRegistry, Authenticator};
+use crate::cycle::CycleConfig;
+use crate::ops::Metrics;
+
+/// Annotation with the exact GPU assignment (JSON of [`crate::model::Assignment`]).
+pub const ASSIGNMENT_ANNOTATION: &str = "tessera.dev/assignment";
+/// Annotation with the time the assignment was written (RFC 3339).
+pub const ASSIGNED_AT_ANNOTATION: &str = "tessera.dev/assigned-at";
+/// Annotation the agent writes once the kubelet allocated the pod's GPUs.
+pub const ALLOCATED_ANNOTATION: &str = "tessera.dev/allocated";
+/// The GPU extended resource.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+
+/// Failures starting the coordinator.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// A listen address could not be bound.
+    #[error("cannot listen for {what} on {addr}: {source}")]
+    Listen {
+        /// `agents` or `metrics`.
+        what: &'static str,
+        /// The address asked for.
+        addr: SocketAddr,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// Leader election is misconfigured.
+    #[error(transparent)]
+    Leader(#[from] leader::LeaderError),
+}
+
+/// How the coordinator runs. `Default` suits a test cluster; `main.rs` fills it from flags.
+#[derive(Clone)]
+pub struct CoordinatorConfig {
+    /// Pods with this `spec.schedulerName` are scheduled (`tessera`).
+    pub scheduler_name: String,
+    /// This replica's identity (pod name or hostname) for the Lease and events.
+    pub identity: String,
+    /// Leader election.
+    pub lease: leader::LeaseConfig,
+    /// Where agents connect (`0.0.0.0:7070`); `None` = no agent service.
+    pub agent_listen: Option<SocketAddr>,
+    /// Where `/metrics`, `/healthz`, `/readyz` are served (`0.0.0.0:9090`); `None` = none.
+    pub metrics_listen: Option<SocketAddr>,
+    /// How agents prove who they are.
+    pub authenticator: Authenticator,
+    /// A node whose agent is silent this long (or never connected, or disconnected) gets no
+    /// new GPU pods: its GPUs count as unhealthy; pods already there still count.
+    pub agent_timeout: Duration,
+    /// A cycle runs at least this often, and whenever the cache or the agents changed.
+    pub cycle_interval: Duration,
+    /// Scheduling core settings.
+    pub cycle: CycleConfig,
+    /// How long a decided pod may wait for its node (victims still terminating, or another
+    /// pod with the same GPU count not yet allocated there) before the decision is dropped
+    /// (and a partly bound gang evicted).
+    pub bind_wait_timeout: Duration,
+    /// The agent registry to use; `None` = a fresh one. Tests pass their own to simulate
+    /// agents without a gRPC stream.
+    pub registry: Option<AgentRegistry>,
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        Self {
+            scheduler_name: "tessera".to_owned(),
+            identity: default_identity(),
+            lease: leader::LeaseConfig::default(),
+            agent_listen: None,
+            metrics_listen: None,
+            authenticator: Authenticator::Disabled,
+            agent_timeout: Duration::from_secs(30),
+            cycle_interval: Duration::from_secs(1),
+            cycle: CycleConfig::default(),
+            bind_wait_timeout: Duration::from_secs(120),
+            registry: None,
+        }
+    }
+}
+
+fn default_identity() -> String {
+    std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| format!("tessera-coordinator-{}", std::process::id()))
+}
+
+/// Entry point.
+pub struct Coordinator;
+
+impl Coordinator {
+    /// Starts everything in the background on the current tokio runtime and returns at once;
+    /// the scheduling loop waits for leadership and for the cache's initial lists.
+    pub async fn start(
+        client: kube::Client,
+        config: CoordinatorConfig,
+    ) -> Result<CoordinatorHandle, ClusterError> {
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let metrics = Arc::new(Metrics::new());
+        let registry = config.registry.clone().unwrap_or_default();
+        let mut tasks = Vec::new();
+
+        let agent_listener = match config.agent_listen {
+            Some(addr) => Some(bind(addr, "agents").await?),
+            None => None,
+        };
+        let metrics_listener = match config.metrics_listen {
+            Some(addr) => Some(bind(addr, "metrics").await?),
+            None => None,
+        };
+        let agent_addr = agent_listener.as_ref().and_then(|l| l.local_addr().ok());
+        let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
+
+        let elector =
+            leader::LeaderElector::start(client.clone(), &config.identity, config.lease.clone())?;
+        let is_leader = elector.is_leader();
+        let cache = cache::Cache::start(&client);
+
+        if let Some(listener) = agent_listener {
+            let registry = registry.clone();
+            let auth = config.authenticator.clone();
+            let stop = shutdown_rx.clone();
+            let options = crate::agents::ServiceOptions {
+                coordinator_id: config.identity.clone(),
+                leadership: Some(is_leader.clone()),
+                ..Default::default()
+            };
+            tasks.push(tokio::spawn(async move {
+                if let Err(error) =
+                    crate::agents::serve_with(listener, registry, auth, options, stop).await
+                {
+                    tracing::error!(%error, "agent service stopped");
+                }
+            }));
+        }
+        if let Some(listener) = metrics_listener {
+            let metrics = Arc::clone(&metrics);
+            let ready = cache.ready();
+            let stop = shutdown_rx.clone();
+            tasks.push(tokio::spawn(async move {
+                if let Err(error) = crate::ops::serve(listener, metrics, ready, stop).await {
+                    tracing::error!(%error, "metrics server stopped");
+                }
+            }));
+        }
+
+        let scheduler = scheduler::Scheduler::new(
+            client,
+            Arc::new(config),
+            cache.clone(),
+            registry.clone(),
+            Arc::clone(&metrics),
+            is_leader.clone(),
+        );
+        let loop_task = tokio::spawn(scheduler.run(shutdown_rx));
+
+        Ok(CoordinatorHandle {
+            agent_addr,
+            metrics_addr,
+            is_leader,
+            registry,
+            metrics,
+            cache,
+            elector,
+            shutdown: shutdown_tx,
+            loop_task,
+            tasks,
+        })
+    }
+}
+
+async fn bind(
+    addr: SocketAddr,
+    what: &'static str,
+) -> Result<tokio::net::TcpListener, ClusterError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ClusterError::Listen { what, addr, source })
+}
+
+/// A running coordinator.
+pub struct CoordinatorHandle {
+    agent_addr: Option<SocketAddr>,
+    metrics_addr: Option<SocketAddr>,
+    is_leader: watch::Receiver<bool>,
+    registry: AgentRegistry,
+    metrics: Arc<Metrics>,
+    cache: cache::Cache,
+    elector: leader::LeaderElector,
+    shutdown: watch::Sender<bool>,
+    loop_task: JoinHandle<()>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl CoordinatorHandle {
+    /// The agent service's bound address (port 0 in the config resolves here).
+    pub fn agent_addr(&self) -> Option<SocketAddr> {
+        self.agent_addr
+    }
+
+    /// The operations server's bound address.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// Whether this replica holds the lease now.
+    pub fn is_leader(&self) -> bool {
+        *self.is_leader.borrow()
+    }
+
+    /// Changes of leadership.
+    pub fn leadership(&self) -> watch::Receiver<bool> {
+        self.is_leader.clone()
+    }
+
+    /// The live agent inventory (tests simulate agents through it).
+    pub fn agents(&self) -> AgentRegistry {
+        self.registry.clone()
+    }
+
+    /// The metrics this replica records.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        Arc::clone(&self.metrics)
+    }
+
+    /// True once every watcher finished its initial list.
+    pub fn is_ready(&self) -> bool {
+        self.cache.is_ready()
+    }
+
+    /// Graceful stop: finishes the cycle in progress, stops the servers, releases the lease.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        let _ = self.loop_task.await;
+        self.elector.release().await;
+        self.cache.stop();
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+
+    /// Abrupt stop, as if the process died: aborts every task and keeps the lease (the
+    /// standby takes over when it expires).
+    pub fn kill(self) {
+        self.loop_task.abort();
+        self.elector.abort();
+        self.cache.stop();
+        for t in self.tasks {
+            t.abort();
+        }
+    }
+}

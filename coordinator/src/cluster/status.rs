@@ -1,0 +1,371 @@
+//! What users see: pending pods' `PodScheduled=False, reason=Unschedulable` condition with the
+//! core's explanation, Events for bad input, PodGroup / Queue / Topology status.
+//!
+//! Every write happens only when its content changed: the object's current status is compared
+//! first (so a new leader does not rewrite what the old one wrote), then what this replica
+//! wrote last (so a write whose watch echo has not arrived is not repeated).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use super::cache::Store;
+use super::events::{self, EventKind, EventWriter};
+use crate::crd::validate::{self, Problem};
+use crate::crd::{
+    Condition, PodGroup, PodGroupStatus, Queue, QueueStatus, ResourceAmounts, Topology,
+    TopologyStatus,
+};
+use crate::cycle::Decisions;
+use crate::translate::Translated;
+
+/// `PodScheduled` condition reason for a pod that cannot be placed.
+pub const UNSCHEDULABLE: &str = "Unschedulable";
+/// PodGroup condition type telling whether the gang is bound.
+pub const SCHEDULED_CONDITION: &str = "Scheduled";
+
+/// Writes conditions, status and input events.
+pub struct StatusWriter {
+    client: kube::Client,
+    events: EventWriter,
+    /// Pod uid → the Unschedulable message last written.
+    pod_messages: HashMap<String, String>,
+    /// Pod uid → the warnings last reported as an event.
+    pod_warnings: HashMap<String, String>,
+    /// Status last written per custom object (`kind/namespace/name`), as JSON.
+    written: HashMap<String, serde_json::Value>,
+}
+
+impl StatusWriter {
+    /// A writer through `client`.
+    pub fn new(client: kube::Client, events: EventWriter) -> Self {
+        Self {
+            client,
+            events,
+            pod_messages: HashMap::new(),
+            pod_warnings: HashMap::new(),
+            written: HashMap::new(),
+        }
+    }
+
+    /// Forgets what was written (leadership changed: the API's state is the truth again).
+    pub fn forget(&mut self) {
+        self.pod_messages.clear();
+        self.pod_warnings.clear();
+        self.written.clear();
+    }
+
+    /// Writes everything that changed after one cycle. `bound` holds the pods bound (or held
+    /// for binding) by this cycle, which count as scheduled in PodGroup status.
+    pub async fn update(
+        &mut self,
+        store: &Store,
+        translated: &Translated,
+        decisions: &Decisions,
+        bound: &BTreeSet<String>,
+    ) {
+        self.pod_messages
+            .retain(|uid, _| store.pods.contains_key(uid));
+        self.pod_warnings
+            .retain(|uid, _| store.pods.contains_key(uid));
+        for p in &decisions.pending {
+            if bound.contains(&p.pod) {
+                continue;
+            }
+            if let Some(pod) = store.pods.get(&p.pod) {
+                self.pod_unschedulable(pod, &p.message).await;
+            }
+        }
+        for (uid, warnings) in &translated.pod_warnings {
+            let Some(pod) = store.pods.get(uid) else {
+                continue;
+            };
+            let text: Vec<String> = warnings
+                .iter()
+                .map(|w| format!("{}: {}", w.field, w.message))
+                .collect();
+            let text = text.join("; ");
+            if self.pod_warnings.get(uid) != Some(&text) {
+                self.events
+                    .publish(
+                        &pod_object(pod),
+                        EventKind::Warning,
+                        "InvalidAnnotation",
+                        &text,
+                    )
+                    .await;
+                self.pod_warnings.insert(uid.clone(), text);
+            }
+        }
+        let now = jiff::Timestamp::now().to_string();
+        self.pod_groups(store, translated, decisions, bound, &now)
+            .await;
+        self.queues(store, translated, decisions, &now).await;
+        self.topologies(store, translated, &now).await;
+    }
+
+    async fn pod_unschedulable(&mut self, pod: &Pod, message: &str) {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let current = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled"));
+        let already = current.is_some_and(|c| {
+            c.status == "False"
+                && c.reason.as_deref() == Some(UNSCHEDULABLE)
+                && c.message.as_deref() == Some(message)
+        });
+        if already || self.pod_messages.get(&uid).is_some_and(|m| m == message) {
+            self.pod_messages.insert(uid, message.to_owned());
+            return;
+        }
+        let patch = json!({"status": {"conditions": [{
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": UNSCHEDULABLE,
+            "message": message,
+            "lastProbeTime": null,
+            "lastTransitionTime": jiff::Timestamp::now().to_string(),
+        }]}});
+        let api: Api<Pod> =
+            Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
+        match api
+            .patch_status(
+                &pod.name_any(),
+                &PatchParams::default(),
+                &Patch::Strategic(&patch),
+            )
+            .await
+        {
+            Ok(_) => {
+                self.events
+                    .publish(
+                        &pod_object(pod),
+                        EventKind::Warning,
+                        events::FAILED_SCHEDULING,
+                        message,
+                    )
+                    .await;
+                self.pod_messages.insert(uid, message.to_owned());
+            }
+            Err(error) => {
+                tracing::warn!(pod = %pod.name_any(), %error, "could not write the pod's Unschedulable condition")
+            }
+        }
+    }
+
+    async fn pod_groups(
+        &mut self,
+        store: &Store,
+        translated: &Translated,
+        decisions: &Decisions,
+        bound: &BTreeSet<String>,
+        now: &str,
+    ) {
+        let pending: BTreeMap<&str, &str> = decisions
+            .pending
+            .iter()
+            .map(|p| (p.pod.as_str(), p.message.as_str()))
+            .collect();
+        for g in store.pod_groups.values() {
+            let ns = g.namespace().unwrap_or_default();
+            let name = g.name_any();
+            let problems = translated
+                .group_problems
+                .get(&(ns.clone(), name.clone()))
+                .map(Vec::as_slice)
+                .unwrap_or(&[]);
+            let members: Vec<_> = translated
+                .snapshot
+                .pods
+                .iter()
+                .filter(|p| p.namespace == ns && p.group.as_deref() == Some(name.as_str()))
+                .collect();
+            let scheduled = members
+                .iter()
+                .filter(|p| p.placement.is_some() || bound.contains(&p.uid))
+                .count() as i32;
+            let running = members
+                .iter()
+                .filter(|p| {
+                    store
+                        .pods
+                        .get(&p.uid)
+                        .and_then(|k| k.status.as_ref())
+                        .and_then(|s| s.phase.as_deref())
+                        == Some("Running")
+                })
+                .count() as i32;
+            let min = g.spec.min_member.max(1);
+            let why = members
+                .iter()
+                .find_map(|p| pending.get(p.uid.as_str()).copied());
+            let phase = if !problems.is_empty() {
+                "Invalid"
+            } else if running >= min {
+                "Running"
+            } else if scheduled >= min {
+                "Scheduled"
+            } else if why.is_some() {
+                "Unschedulable"
+            } else {
+                "Pending"
+            };
+            let old = g.status.clone().unwrap_or_default();
+            let valid = validate::condition(problems, g.metadata.generation, now);
+            let sched = if scheduled >= min {
+                Condition {
+                    type_: SCHEDULED_CONDITION.to_owned(),
+                    status: "True".to_owned(),
+                    reason: "Scheduled".to_owned(),
+                    message: format!("{scheduled} pods bound (minMember {min})"),
+                    last_transition_time: Some(now.to_owned()),
+                    observed_generation: g.metadata.generation,
+                }
+            } else {
+                Condition {
+                    type_: SCHEDULED_CONDITION.to_owned(),
+                    status: "False".to_owned(),
+                    reason: UNSCHEDULABLE.to_owned(),
+                    message: why.map_or_else(
+                        || format!("{} of minMember {min} pods exist", members.len()),
+                        str::to_owned,
+                    ),
+                    last_transition_time: Some(now.to_owned()),
+                    observed_generation: g.metadata.generation,
+                }
+            };
+            let desired = PodGroupStatus {
+                phase: Some(phase.to_owned()),
+                scheduled,
+                running,
+                conditions: keep_times(&old.conditions, vec![valid, sched]),
+            };
+            if desired != old {
+                let api: Api<PodGroup> = Api::namespaced(self.client.clone(), &ns);
+                self.write_status(api, g.as_ref(), &desired).await;
+            }
+        }
+    }
+
+    async fn queues(
+        &mut self,
+        store: &Store,
+        translated: &Translated,
+        decisions: &Decisions,
+        now: &str,
+    ) {
+        for q in store.queues.values() {
+            let name = q.name_any();
+            let problems = translated
+                .queue_problems
+                .get(&name)
+                .map(Vec::as_slice)
+                .unwrap_or(&[]);
+            let old = q.status.clone().unwrap_or_default();
+            let share = decisions.fair_shares.iter().find(|s| s.queue == name);
+            let amounts = |v: &[f64; 3]| {
+                ResourceAmounts::from_units(
+                    v[0],
+                    v[1].max(0.0).round() as u64,
+                    v[2].max(0.0).round() as u64,
+                )
+            };
+            let desired = QueueStatus {
+                allocated: share.map(|s| amounts(&s.allocated)),
+                requested: share.map(|s| amounts(&s.requested)),
+                fair_share: share.map(|s| amounts(&s.fair_share)),
+                conditions: keep_times(
+                    &old.conditions,
+                    vec![validate::condition(problems, q.metadata.generation, now)],
+                ),
+            };
+            if desired != old {
+                let api: Api<Queue> = Api::all(self.client.clone());
+                self.write_status(api, q.as_ref(), &desired).await;
+            }
+        }
+    }
+
+    async fn topologies(&mut self, store: &Store, translated: &Translated, now: &str) {
+        for t in store.topologies.values() {
+            let name = t.name_any();
+            let problems = translated
+                .topology_problems
+                .get(&name)
+                .map(Vec::as_slice)
+                .unwrap_or(&[] as &[Problem]);
+            let old = t.status.clone().unwrap_or_default();
+            let desired = TopologyStatus {
+                conditions: keep_times(
+                    &old.conditions,
+                    vec![validate::condition(problems, t.metadata.generation, now)],
+                ),
+            };
+            if desired != old {
+                let api: Api<Topology> = Api::all(self.client.clone());
+                self.write_status(api, t.as_ref(), &desired).await;
+            }
+        }
+    }
+
+    /// Merge-patches `status` of a custom object, unless this replica wrote the same status
+    /// to the same resourceVersion of it already (its watch echo is still on the way).
+    async fn write_status<K, S>(&mut self, api: Api<K>, object: &K, status: &S)
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+        S: Serialize,
+    {
+        let name = object.name_any();
+        let key = format!(
+            "{}/{}/{}",
+            K::kind(&()),
+            object.namespace().unwrap_or_default(),
+            name
+        );
+        let value = json!({
+            "rv": object.resource_version(),
+            "status": status,
+        });
+        if self.written.get(&key) == Some(&value) {
+            return;
+        }
+        let patch = json!({ "status": status });
+        match api
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                self.written.insert(key, value);
+            }
+            Err(error) => tracing::warn!(object = %key, %error, "could not write status"),
+        }
+    }
+}
+
+/// Keeps each condition's old transition time when its status did not change.
+fn keep_times(old: &[Condition], mut new: Vec<Condition>) -> Vec<Condition> {
+    for c in &mut new {
+        if let Some(o) = old
+            .iter()
+            .find(|o| o.type_ == c.type_ && o.status == c.status)
+        {
+            c.last_transition_time.clone_from(&o.last_transition_time);
+        }
+    }
+    new
+}
+
+fn pod_object(pod: &Pod) -> ObjectReference {
+    events::pod_ref(
+        &pod.namespace().unwrap_or_default(),
+        &pod.name_any(),
+        pod.metadata.uid.as_deref().unwrap_or(""),
+    )
+}

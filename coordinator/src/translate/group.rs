@@ -1,0 +1,136 @@
+//! Pod groups: explicit PodGroup objects, the `tessera.dev/min-member` shorthand, and groups
+//! implied by a pod's top controller owner.
+//!
+//! Rules (documented for users in the module plan):
+//! - A pod named into a group (annotation, or implied by its owner) whose PodGroup object exists
+//!   gets that object's settings; the object's `queue` applies to member pods without a queue label.
+//! - Without an object, the group is implied: gang size = the largest `tessera.dev/min-member`
+//!   among its pods, else the number of its pods that exist and have not finished (so all pods
+//!   of a Job, JobSet or PyTorchJob start together); queue = the first pod's; priority = the
+//!   highest member's; topology from the first pod carrying the annotations.
+//! - A pod with neither is a group of one (no group).
+
+use std::collections::BTreeMap;
+
+use crate::crd::{PodGroup as PodGroupCrd, Topology};
+use crate::model::PodGroup;
+
+use super::keys;
+use super::pod::TranslatedPod;
+use super::topology::resolve;
+
+/// What group derivation needs besides pods and objects.
+#[derive(Clone, Copy, Debug)]
+pub struct GroupContext<'a> {
+    /// The Topology in force (level names → label keys).
+    pub topology: Option<&'a Topology>,
+    /// PriorityClass name → value.
+    pub priority_classes: &'a BTreeMap<String, i32>,
+    /// Per (namespace, group name): since when (logical seconds) the group has had fewer than
+    /// `minMember` running pods, as the cluster cache tracks it.
+    pub below_min_member_since: &'a BTreeMap<(String, String), u64>,
+}
+
+/// Builds every group: one per PodGroup object, plus one per implied group name that has pods.
+/// Pods without a queue label take their group object's queue (hence `&mut`).
+pub fn groups(
+    pods: &mut [TranslatedPod],
+    objects: &[&PodGroupCrd],
+    ctx: &GroupContext<'_>,
+) -> Vec<PodGroup> {
+    let mut members: BTreeMap<(String, String), Vec<usize>> = BTreeMap::new();
+    for (i, p) in pods.iter().enumerate() {
+        if let Some(g) = &p.pod.group {
+            members
+                .entry((p.pod.namespace.clone(), g.clone()))
+                .or_default()
+                .push(i);
+        }
+    }
+    let mut out: BTreeMap<(String, String), PodGroup> = BTreeMap::new();
+    for obj in objects {
+        let key = (
+            obj.metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".to_string()),
+            obj.metadata.name.clone().unwrap_or_default(),
+        );
+        let mine = members.get(&key).map(Vec::as_slice).unwrap_or(&[]);
+        let s = &obj.spec;
+        let queue = s
+            .queue
+            .clone()
+            .filter(|q| !q.is_empty())
+            .or_else(|| {
+                mine.iter()
+                    .map(|&i| &pods[i])
+                    .find(|p| p.queue_labelled)
+                    .map(|p| p.pod.queue.clone())
+            })
+            .unwrap_or_else(|| keys::DEFAULT_QUEUE.to_string());
+        for &i in mine {
+            if !pods[i].queue_labelled {
+                pods[i].pod.queue = queue.clone();
+            }
+        }
+        let priority = s
+            .priority_class_name
+            .as_ref()
+            .and_then(|c| ctx.priority_classes.get(c).copied())
+            .unwrap_or_else(|| max_priority(pods, mine));
+        let topo = s.topology.clone().unwrap_or_default();
+        let min_member = s.min_member.max(1) as u32;
+        let group = PodGroup {
+            name: key.1.clone(),
+            namespace: key.0.clone(),
+            queue,
+            min_member,
+            // A bound below minMember is reported by validation; read it as "exactly minMember".
+            max_member: s.max_member.map(|m| (m.max(1) as u32).max(min_member)),
+            topology_required: topo.required.as_deref().map(|l| resolve(l, ctx.topology)),
+            topology_preferred: topo.preferred.as_deref().map(|l| resolve(l, ctx.topology)),
+            priority,
+            below_min_member_since: ctx.below_min_member_since.get(&key).copied(),
+        };
+        out.insert(key, group);
+    }
+    for (key, mine) in &members {
+        if out.contains_key(key) {
+            continue;
+        }
+        let first = &pods[mine[0]];
+        let min_member = mine
+            .iter()
+            .filter_map(|&i| pods[i].pod.min_member)
+            .max()
+            .unwrap_or(mine.len() as u32);
+        let required = mine.iter().find_map(|&i| pods[i].topology_required.clone());
+        let preferred = mine
+            .iter()
+            .find_map(|&i| pods[i].topology_preferred.clone());
+        out.insert(
+            key.clone(),
+            PodGroup {
+                name: key.1.clone(),
+                namespace: key.0.clone(),
+                queue: first.pod.queue.clone(),
+                min_member: min_member.max(1),
+                max_member: None,
+                topology_required: required.as_deref().map(|l| resolve(l, ctx.topology)),
+                topology_preferred: preferred.as_deref().map(|l| resolve(l, ctx.topology)),
+                priority: max_priority(pods, mine),
+                below_min_member_since: ctx.below_min_member_since.get(key).copied(),
+            },
+        );
+    }
+    out.into_values().collect()
+}
+
+fn max_priority(pods: &[TranslatedPod], members: &[usize]) -> i32 {
+    members
+        .iter()
+        .map(|&i| pods[i].pod.priority)
+        .max()
+        .unwrap_or(0)
+}

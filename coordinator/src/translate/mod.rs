@@ -1,0 +1,197 @@
+//! Pure translation from Kubernetes objects to the scheduling core's model: pods (labels,
+//! annotations and their migration aliases), pod groups (objects, shorthand, implied by owner),
+//! queues, topology and nodes. No I/O and no clocks: the caller passes `now`.
+//!
+//! The cluster cache stores objects and calls [`snapshot`] once per cycle.
+
+pub mod group;
+pub mod keys;
+pub mod node;
+pub mod pod;
+pub mod queue;
+pub mod topology;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{Node as KubeNode, Pod as KubePod};
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+
+use crate::crd::validate::{self, Problem};
+use crate::crd::{PodGroup as PodGroupCrd, Queue as QueueCrd, Topology};
+use crate::model::{Gpu, InputError, Queue, Snapshot};
+
+pub use group::{GroupContext, groups};
+pub use pod::{GroupSource, PodContext, TranslatedPod};
+
+/// Everything one snapshot is built from.
+#[derive(Clone, Debug, Default)]
+pub struct Inputs<'a> {
+    /// Logical time now (Unix seconds; pods' creation times use the same clock).
+    pub now: u64,
+    /// This scheduler's name (`tessera`).
+    pub scheduler_name: String,
+    /// All pods (every scheduler, every phase; finished and foreign unbound ones are skipped).
+    pub pods: Vec<&'a KubePod>,
+    /// All nodes.
+    pub nodes: Vec<&'a KubeNode>,
+    /// Queue objects.
+    pub queues: Vec<&'a QueueCrd>,
+    /// PodGroup objects.
+    pub pod_groups: Vec<&'a PodGroupCrd>,
+    /// Topology objects (the one named `default`, else the first by name, is used).
+    pub topologies: Vec<&'a Topology>,
+    /// PriorityClasses.
+    pub priority_classes: Vec<&'a PriorityClass>,
+    /// Agent-reported GPUs per node name; a node without an entry offers no GPUs.
+    pub agent_gpus: BTreeMap<String, Vec<Gpu>>,
+    /// Per (namespace, group): since when the group has had fewer than minMember running pods.
+    pub below_min_member_since: BTreeMap<(String, String), u64>,
+    /// NoSchedule/NoExecute taint keys that do not make a node unschedulable
+    /// (see [`node::DEFAULT_TOLERATED_TAINTS`]).
+    pub tolerated_taints: Vec<String>,
+}
+
+impl Inputs<'_> {
+    /// Empty inputs at `now` for scheduler `scheduler_name`, tolerating the default GPU taints.
+    pub fn new(now: u64, scheduler_name: &str) -> Self {
+        Inputs {
+            now,
+            scheduler_name: scheduler_name.to_string(),
+            tolerated_taints: node::DEFAULT_TOLERATED_TAINTS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            ..Inputs::default()
+        }
+    }
+}
+
+/// A snapshot plus what the cluster layer reports back to users.
+#[derive(Clone, Debug, Default)]
+pub struct Translated {
+    /// The core's input.
+    pub snapshot: Snapshot,
+    /// Per Queue object name: validation problems (write `Valid=False`); absent = valid.
+    pub queue_problems: BTreeMap<String, Vec<Problem>>,
+    /// Per (namespace, name) of PodGroup objects: validation problems.
+    pub group_problems: BTreeMap<(String, String), Vec<Problem>>,
+    /// Per Topology object name: validation problems.
+    pub topology_problems: BTreeMap<String, Vec<Problem>>,
+    /// Per pod UID: problems that do not stop scheduling (e.g. an unreadable assignment).
+    pub pod_warnings: BTreeMap<String, Vec<InputError>>,
+}
+
+/// The pod context `inputs` imply: priority classes by name, the global default priority.
+pub fn pod_context(inputs: &Inputs<'_>) -> PodContext {
+    let mut classes = BTreeMap::new();
+    let mut default_priority = 0;
+    for pc in &inputs.priority_classes {
+        let value = pc.value.unwrap_or(0);
+        if let Some(name) = &pc.metadata.name {
+            classes.insert(name.clone(), value);
+        }
+        if pc.global_default == Some(true) {
+            default_priority = value;
+        }
+    }
+    PodContext {
+        scheduler_name: inputs.scheduler_name.clone(),
+        priority_classes: classes,
+        default_priority,
+        now: inputs.now,
+    }
+}
+
+/// Builds the snapshot: nodes (with agent GPUs), pods (sorted by creation time, then
+/// namespace and name), groups, queues (plus an implicit top-level `default` queue when no Queue
+/// object has that name, so unlabelled pods schedule on a bare cluster) and the topology.
+pub fn snapshot(inputs: &Inputs<'_>) -> Translated {
+    let ctx = pod_context(inputs);
+    let mut pods: Vec<TranslatedPod> = inputs
+        .pods
+        .iter()
+        .filter_map(|p| pod::translate(p, &ctx))
+        .collect();
+    pods.sort_by(|a, b| {
+        (a.pod.created, &a.pod.namespace, &a.pod.name).cmp(&(
+            b.pod.created,
+            &b.pod.namespace,
+            &b.pod.name,
+        ))
+    });
+    let topo = topology::active(&inputs.topologies);
+    let gctx = GroupContext {
+        topology: topo,
+        priority_classes: &ctx.priority_classes,
+        below_min_member_since: &inputs.below_min_member_since,
+    };
+    let groups = groups(&mut pods, &inputs.pod_groups, &gctx);
+
+    let mut queues: Vec<Queue> = inputs.queues.iter().map(|q| queue::translate(q)).collect();
+    if !queues.iter().any(|q| q.name == keys::DEFAULT_QUEUE) {
+        queues.push(Queue::new(keys::DEFAULT_QUEUE));
+    }
+    let named: BTreeSet<String> = pods
+        .iter()
+        .filter(|p| !p.pod.owned_by_other_scheduler)
+        .map(|p| p.pod.queue.clone())
+        .collect();
+    let queue_problems = validate::queue_tree(&inputs.queues, &named);
+
+    let mut group_problems = BTreeMap::new();
+    for g in &inputs.pod_groups {
+        let problems = validate::pod_group(g, topo);
+        if !problems.is_empty() {
+            group_problems.insert(
+                (
+                    g.metadata.namespace.clone().unwrap_or_default(),
+                    g.metadata.name.clone().unwrap_or_default(),
+                ),
+                problems,
+            );
+        }
+    }
+    let mut topology_problems = BTreeMap::new();
+    for t in &inputs.topologies {
+        let problems = validate::topology(t);
+        if !problems.is_empty() {
+            topology_problems.insert(t.metadata.name.clone().unwrap_or_default(), problems);
+        }
+    }
+
+    let nodes = inputs
+        .nodes
+        .iter()
+        .map(|n| {
+            let name = n.metadata.name.as_deref().unwrap_or("");
+            node::translate(
+                n,
+                inputs.agent_gpus.get(name).cloned(),
+                &inputs.tolerated_taints,
+            )
+        })
+        .collect();
+
+    let mut pod_warnings = BTreeMap::new();
+    let mut model_pods = Vec::with_capacity(pods.len());
+    for p in pods {
+        if !p.warnings.is_empty() {
+            pod_warnings.insert(p.pod.uid.clone(), p.warnings);
+        }
+        model_pods.push(p.pod);
+    }
+    Translated {
+        snapshot: Snapshot {
+            now: inputs.now,
+            nodes,
+            pods: model_pods,
+            groups,
+            queues,
+            topology: topo.map(topology::levels),
+        },
+        queue_problems,
+        group_problems,
+        topology_problems,
+        pod_warnings,
+    }
+}

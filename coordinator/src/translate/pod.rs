@@ -1,0 +1,585 @@
+//! A Kubernetes Pod as the scheduling core sees it: labels, annotations (and their migration
+//! aliases), requests, priority and placement. Malformed user input becomes an
+//! [`InputError`] naming the field and the accepted form; nothing here panics on input.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, Pod as KubePod};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::crd::quantity::{self, Round};
+use crate::model::{
+    Assignment, GpuRequest, GpuShare, InputError, Isolation, Placement, Pod as ModelPod,
+};
+
+use super::keys;
+
+/// What pod translation needs besides the pod.
+#[derive(Clone, Debug, Default)]
+pub struct PodContext {
+    /// This scheduler's name (`tessera`).
+    pub scheduler_name: String,
+    /// PriorityClass name → value.
+    pub priority_classes: BTreeMap<String, i32>,
+    /// Priority of pods that name no class (the `globalDefault` class's value, else 0).
+    pub default_priority: i32,
+    /// Logical time now (seconds); the creation time of pods that carry none.
+    pub now: u64,
+}
+
+/// Where a pod's group comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GroupSource {
+    /// `tessera.dev/pod-group` (or `pod-group-name`) names it.
+    Annotation(String),
+    /// Implied by the pod's top controller owner (a Job, JobSet, PyTorchJob, ...).
+    Owner {
+        /// Owner kind (`Job`, `JobSet`, `PyTorchJob`, ...).
+        kind: String,
+        /// Owner name.
+        name: String,
+    },
+}
+
+/// A translated pod plus what group derivation needs and what the model has no place for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TranslatedPod {
+    /// The core's pod (`group` and `min_member` already set from the pod's own inputs).
+    pub pod: ModelPod,
+    /// Whether the queue came from a label (else it is `default` and a PodGroup's queue wins).
+    pub queue_labelled: bool,
+    /// Where the pod's group comes from; `None` = a group of one.
+    pub group_source: Option<GroupSource>,
+    /// `tessera.dev/topology-required` as written (a level name).
+    pub topology_required: Option<String>,
+    /// `tessera.dev/topology-preferred` as written (a level name).
+    pub topology_preferred: Option<String>,
+    /// Problems that do not stop scheduling (e.g. an unreadable assignment on a bound pod).
+    pub warnings: Vec<InputError>,
+}
+
+fn err(field: &str, message: impl Into<String>) -> InputError {
+    InputError {
+        field: field.to_string(),
+        message: message.into(),
+    }
+}
+
+/// The value of the first of `keys` present in `map`, with the key that held it.
+fn lookup<'a>(
+    map: Option<&'a BTreeMap<String, String>>,
+    keys: &[&'static str],
+) -> Option<(&'static str, &'a str)> {
+    let map = map?;
+    keys.iter()
+        .find_map(|k| map.get(*k).map(|v| (*k, v.as_str())))
+}
+
+/// Translates `pod`. `None` for pods the scheduler ignores: finished ones (Succeeded/Failed)
+/// and unbound pods of other schedulers.
+pub fn translate(pod: &KubePod, ctx: &PodContext) -> Option<TranslatedPod> {
+    let spec = pod.spec.as_ref()?;
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    if matches!(phase, Some("Succeeded" | "Failed")) {
+        return None;
+    }
+    let scheduler = spec
+        .scheduler_name
+        .as_deref()
+        .unwrap_or(keys::DEFAULT_SCHEDULER);
+    let ours = scheduler == ctx.scheduler_name;
+    let node = spec.node_name.as_deref().filter(|n| !n.is_empty());
+    if !ours && node.is_none() {
+        return None;
+    }
+    let meta = &pod.metadata;
+    let name = meta.name.clone().unwrap_or_default();
+    let namespace = meta
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".to_string());
+    let uid = meta
+        .uid
+        .clone()
+        .unwrap_or_else(|| format!("{namespace}/{name}"));
+    let labels = meta.labels.as_ref();
+    let annotations = meta.annotations.as_ref();
+    let mut errors = Vec::new();
+    let mut warnings = Vec::new();
+
+    let (queue, queue_labelled) = match lookup(labels, &[keys::QUEUE, keys::QUEUE_ALIAS]) {
+        Some((key, v)) if v.trim().is_empty() => {
+            errors.push(err(
+                key,
+                "is empty; give the name of a leaf Queue, or remove the label for queue \"default\"",
+            ));
+            (keys::DEFAULT_QUEUE.to_string(), false)
+        }
+        Some((_, v)) => (v.trim().to_string(), true),
+        None => (keys::DEFAULT_QUEUE.to_string(), false),
+    };
+
+    let (priority, prio_err) = priority_of(spec.priority, spec.priority_class_name.as_deref(), ctx);
+    errors.extend(prio_err);
+    let preemptible = match lookup(labels, &[keys::PREEMPTIBLE]) {
+        None => priority < keys::PREEMPTIBLE_BELOW_PRIORITY,
+        Some((_, v)) => match v.trim().to_ascii_lowercase().as_str() {
+            "true" => true,
+            "false" => false,
+            _ => {
+                errors.push(err(
+                    keys::PREEMPTIBLE,
+                    format!("{v:?} is not a boolean; use \"true\" or \"false\""),
+                ));
+                priority < keys::PREEMPTIBLE_BELOW_PRIORITY
+            }
+        },
+    };
+
+    let (cpu_milli, memory_mib) = requests(spec, &mut errors);
+    let (gpu, gpu_container) = if ours {
+        gpu_request(spec.containers.as_slice(), annotations, &mut errors)
+    } else {
+        // Another scheduler's pod: only its whole GPUs count (our annotations are not for it).
+        let mut ignored = Vec::new();
+        let (count, container) = gpu_count(spec.containers.as_slice(), &mut ignored);
+        (
+            GpuRequest {
+                count,
+                per_gpu: GpuShare::Whole,
+            },
+            container,
+        )
+    };
+
+    let isolation = match lookup(annotations, &[keys::ISOLATION]) {
+        None => Isolation::Watchdog,
+        Some((_, v)) => match v.trim() {
+            "watchdog" => Isolation::Watchdog,
+            "mps" => Isolation::Mps,
+            "mig" => Isolation::Mig,
+            "none" => Isolation::None,
+            _ => {
+                errors.push(err(
+                    keys::ISOLATION,
+                    format!("{v:?} is not an isolation mode; use one of watchdog, mps, mig, none"),
+                ));
+                Isolation::Watchdog
+            }
+        },
+    };
+
+    let min_member = match lookup(annotations, &[keys::MIN_MEMBER]) {
+        None => None,
+        Some((_, v)) => match v.trim().parse::<u32>() {
+            Ok(n) if n >= 1 => Some(n),
+            _ => {
+                errors.push(err(
+                    keys::MIN_MEMBER,
+                    format!("{v:?} is not a whole number of at least 1; use e.g. \"4\""),
+                ));
+                None
+            }
+        },
+    };
+    let group_source = match lookup(annotations, &[keys::POD_GROUP, keys::POD_GROUP_ALIAS]) {
+        Some((key, v)) if v.trim().is_empty() => {
+            errors.push(err(
+                key,
+                "is empty; give the name of the pod's PodGroup, or remove the annotation",
+            ));
+            None
+        }
+        Some((_, v)) => Some(GroupSource::Annotation(v.trim().to_string())),
+        None => owner_group(pod),
+    };
+    // Another scheduler's pods are counted, never grouped.
+    let group_source = group_source.filter(|_| ours);
+    if group_source.is_none()
+        && let Some(n) = min_member
+        && n > 1
+    {
+        errors.push(err(
+            keys::MIN_MEMBER,
+            format!(
+                "gang size {n} but the pod has no group; add {} naming the group its {n} pods share",
+                keys::POD_GROUP
+            ),
+        ));
+    }
+    let group = group_source.as_ref().map(group_name);
+    let level = |key: &'static str, errors: &mut Vec<InputError>| match lookup(annotations, &[key])
+    {
+        Some((_, v)) if v.trim().is_empty() => {
+            errors.push(err(
+                key,
+                "is empty; give a level name of the Topology object, e.g. \"rack\"",
+            ));
+            None
+        }
+        Some((_, v)) => Some(v.trim().to_string()),
+        None => None,
+    };
+    let topology_required = level(keys::TOPOLOGY_REQUIRED, &mut errors);
+    let topology_preferred = level(keys::TOPOLOGY_PREFERRED, &mut errors);
+
+    let placement = node.map(|node| {
+        let assignment = match lookup(annotations, &[keys::ASSIGNMENT]) {
+            None => Assignment::default(),
+            Some((_, text)) => Assignment::from_json(text).unwrap_or_else(|e| {
+                warnings.push(err(
+                    keys::ASSIGNMENT,
+                    format!("unreadable ({e}); treating the pod as holding whole GPUs"),
+                ));
+                Assignment::default()
+            }),
+        };
+        Placement {
+            node: node.to_string(),
+            assignment,
+        }
+    });
+
+    let created = meta
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0.as_second().max(0) as u64)
+        .unwrap_or(ctx.now);
+
+    let model = ModelPod {
+        uid,
+        namespace,
+        name,
+        queue,
+        group,
+        min_member,
+        priority,
+        preemptible,
+        cpu_milli,
+        memory_mib,
+        gpu,
+        gpu_models: Vec::new(),
+        node_selector: spec.node_selector.clone().unwrap_or_default(),
+        isolation,
+        gpu_container,
+        placement,
+        created,
+        terminating: meta.deletion_timestamp.is_some(),
+        owned_by_other_scheduler: !ours,
+        // Other schedulers' pods are never validated: they are only counted.
+        input_errors: if ours { errors } else { Vec::new() },
+    };
+    Some(TranslatedPod {
+        pod: model,
+        queue_labelled,
+        group_source,
+        topology_required,
+        topology_preferred,
+        warnings,
+    })
+}
+
+/// The group name a source implies: the annotation's name, or `<kind>-<name>` of the owner in
+/// lower case (`job-train`, `pytorchjob-bert`).
+pub fn group_name(source: &GroupSource) -> String {
+    match source {
+        GroupSource::Annotation(n) => n.clone(),
+        GroupSource::Owner { kind, name } => format!("{}-{name}", kind.to_ascii_lowercase()),
+    }
+}
+
+/// Whether pods of a controller of this kind form a gang: batch `Job`, `JobSet`, and the
+/// training-operator style kinds (`PyTorchJob`, `MPIJob`, `TFJob`, `XGBoostJob`, `PaddleJob`,
+/// `JAXJob`, `TrainJob`, ...: any kind ending in `Job` except `CronJob`, which owns Jobs, not
+/// pods). ReplicaSets, StatefulSets and DaemonSets do not: their pods are independent.
+pub fn is_gang_owner_kind(kind: &str) -> bool {
+    kind == "JobSet" || (kind.ends_with("Job") && kind != "CronJob")
+}
+
+/// The group implied by the pod's top controller owner. A JobSet's pods are owned by its Jobs;
+/// the JobSet controller's label names the top owner, so all of them form one group.
+fn owner_group(pod: &KubePod) -> Option<GroupSource> {
+    let meta = &pod.metadata;
+    if let Some((_, js)) = lookup(meta.labels.as_ref(), &[keys::JOBSET_NAME_LABEL])
+        && !js.is_empty()
+    {
+        return Some(GroupSource::Owner {
+            kind: "JobSet".to_string(),
+            name: js.to_string(),
+        });
+    }
+    let owner = meta
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|o| o.controller == Some(true))?;
+    is_gang_owner_kind(&owner.kind).then(|| GroupSource::Owner {
+        kind: owner.kind.clone(),
+        name: owner.name.clone(),
+    })
+}
+
+fn priority_of(
+    explicit: Option<i32>,
+    class: Option<&str>,
+    ctx: &PodContext,
+) -> (i32, Option<InputError>) {
+    if let Some(p) = explicit {
+        return (p, None);
+    }
+    match class.filter(|c| !c.is_empty()) {
+        None => (ctx.default_priority, None),
+        Some(c) => match ctx.priority_classes.get(c) {
+            Some(&v) => (v, None),
+            None => (
+                ctx.default_priority,
+                Some(err(
+                    "spec.priorityClassName",
+                    format!("PriorityClass {c:?} does not exist; name an existing PriorityClass"),
+                )),
+            ),
+        },
+    }
+}
+
+/// The request of `resource` in `c` (falling back to its limit, as the API server defaults it).
+fn request_of<'a>(c: &'a Container, resource: &str) -> Option<(&'static str, &'a Quantity)> {
+    let r = c.resources.as_ref()?;
+    if let Some(q) = r.requests.as_ref().and_then(|m| m.get(resource)) {
+        return Some(("requests", q));
+    }
+    r.limits
+        .as_ref()
+        .and_then(|m| m.get(resource))
+        .map(|q| ("limits", q))
+}
+
+/// CPU (milli-cores) and memory (MiB) requests as the kube-scheduler computes them: the sum over
+/// containers, at least the largest init container's, plus the pod overhead.
+fn requests(
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+    errors: &mut Vec<InputError>,
+) -> (u64, u64) {
+    let mut read = |kind: &str, i: usize, c: &Container| -> [u64; 2] {
+        let mut out = [0u64; 2];
+        for (slot, resource) in ["cpu", "memory"].iter().enumerate() {
+            let Some((which, q)) = request_of(c, resource) else {
+                continue;
+            };
+            let field = format!("spec.{kind}[{i}].resources.{which}.{resource}");
+            let parsed = quantity::parse(&q.0)
+                .map_err(|e| e.to_string())
+                .and_then(|p| {
+                    let v = if slot == 0 {
+                        p.milli(Round::Up)
+                    } else {
+                        p.mib(Round::Up)
+                    };
+                    match v {
+                        Some(v) if v >= 0 => Ok(v as u64),
+                        Some(_) => Err(format!("{:?} is negative; give 0 or more", q.0)),
+                        None => Err(format!("{:?} is too large", q.0)),
+                    }
+                });
+            match parsed {
+                Ok(v) => out[slot] = v,
+                Err(m) => errors.push(err(&field, m)),
+            }
+        }
+        out
+    };
+    let mut sum = [0u64; 2];
+    for (i, c) in spec.containers.iter().enumerate() {
+        let r = read("containers", i, c);
+        sum[0] = sum[0].saturating_add(r[0]);
+        sum[1] = sum[1].saturating_add(r[1]);
+    }
+    for (i, c) in spec.init_containers.iter().flatten().enumerate() {
+        let r = read("initContainers", i, c);
+        sum[0] = sum[0].max(r[0]);
+        sum[1] = sum[1].max(r[1]);
+    }
+    if let Some(overhead) = &spec.overhead {
+        if let Some(p) = overhead.get("cpu").and_then(|q| quantity::parse(&q.0).ok())
+            && let Some(v) = p.milli(Round::Up)
+        {
+            sum[0] = sum[0].saturating_add(v.max(0) as u64);
+        }
+        if let Some(p) = overhead
+            .get("memory")
+            .and_then(|q| quantity::parse(&q.0).ok())
+            && let Some(v) = p.mib(Round::Up)
+        {
+            sum[1] = sum[1].saturating_add(v.max(0) as u64);
+        }
+    }
+    (sum[0], sum[1])
+}
+
+/// Whole-GPU count from `nvidia.com/gpu` and the container that receives them (the first one
+/// asking; the first container when none asks).
+fn gpu_count(containers: &[Container], errors: &mut Vec<InputError>) -> (u32, String) {
+    let mut count = 0u32;
+    let mut receiver: Option<String> = None;
+    for (i, c) in containers.iter().enumerate() {
+        let Some((which, q)) = request_of(c, keys::GPU_RESOURCE).map(|(w, q)| {
+            // The limit is what counts for extended resources; requests must equal it.
+            let limit = c
+                .resources
+                .as_ref()
+                .and_then(|r| r.limits.as_ref())
+                .and_then(|m| m.get(keys::GPU_RESOURCE));
+            limit.map(|l| ("limits", l)).unwrap_or((w, q))
+        }) else {
+            continue;
+        };
+        let field = format!(
+            "spec.containers[{i}].resources.{which}.{}",
+            keys::GPU_RESOURCE
+        );
+        match q.0.trim().parse::<u32>() {
+            Ok(0) => {}
+            Ok(n) => {
+                if let Some(first) = &receiver {
+                    errors.push(err(
+                        &field,
+                        format!(
+                            "containers {first:?} and {:?} both request GPUs; Tessera gives a pod's GPUs to one container, so request them in one",
+                            c.name
+                        ),
+                    ));
+                } else {
+                    receiver = Some(c.name.clone());
+                    count = n;
+                }
+            }
+            Err(_) => errors.push(err(
+                &field,
+                format!(
+                    "{:?} is not a whole number of GPUs; use e.g. \"2\" (fractions go in {})",
+                    q.0,
+                    keys::GPU_FRACTION
+                ),
+            )),
+        }
+    }
+    let receiver = receiver
+        .or_else(|| containers.first().map(|c| c.name.clone()))
+        .unwrap_or_default();
+    (count, receiver)
+}
+
+/// The GPU request of one of our pods: the count, and the per-GPU share from the fraction or
+/// memory annotation.
+fn gpu_request(
+    containers: &[Container],
+    annotations: Option<&BTreeMap<String, String>>,
+    errors: &mut Vec<InputError>,
+) -> (GpuRequest, String) {
+    let (mut count, container) = gpu_count(containers, errors);
+    let fraction = lookup(annotations, &[keys::GPU_FRACTION, keys::GPU_FRACTION_ALIAS]);
+    let memory = lookup(annotations, &[keys::GPU_MEMORY, keys::GPU_MEMORY_ALIAS]);
+    let devices = lookup(annotations, &[keys::GPU_FRACTION_NUM_DEVICES_ALIAS]);
+    let per_gpu = match (fraction, memory) {
+        (Some((fk, _)), Some((mk, _))) => {
+            errors.push(err(
+                fk,
+                format!("both {fk} and {mk} are set; give only one: a share of each GPU or an amount of its memory"),
+            ));
+            return (GpuRequest::NONE, container);
+        }
+        (Some((key, v)), None) => match parse_fraction(v) {
+            Some(milli) => GpuShare::Fraction(milli),
+            None => {
+                errors.push(err(
+                    key,
+                    format!("{v:?} is not a decimal in (0, 1]; use e.g. \"0.25\""),
+                ));
+                return (GpuRequest::NONE, container);
+            }
+        },
+        (None, Some((key, v))) => match parse_gpu_memory(v) {
+            Ok(mib) => GpuShare::MemoryMib(mib),
+            Err(why) => {
+                errors.push(err(
+                    key,
+                    format!("{v:?} {why}; use a quantity such as \"10Gi\" or \"4096Mi\", or plain MiB such as \"4096\""),
+                ));
+                return (GpuRequest::NONE, container);
+            }
+        },
+        (None, None) => {
+            if let Some((key, _)) = devices {
+                errors.push(err(
+                    key,
+                    format!(
+                        "is set without {} or {}; give the share of each GPU too",
+                        keys::GPU_FRACTION,
+                        keys::GPU_MEMORY
+                    ),
+                ));
+            }
+            return (
+                GpuRequest {
+                    count,
+                    per_gpu: GpuShare::Whole,
+                },
+                container,
+            );
+        }
+    };
+    if let Some((key, v)) = devices {
+        match v.trim().parse::<u32>() {
+            Ok(n) if n >= 1 => {
+                if count != 0 && count != n {
+                    errors.push(err(
+                        key,
+                        format!(
+                            "{n} differs from the {count} GPUs of {}; give one count",
+                            keys::GPU_RESOURCE
+                        ),
+                    ));
+                }
+                count = n;
+            }
+            _ => errors.push(err(
+                key,
+                format!("{v:?} is not a whole number of at least 1; use e.g. \"2\""),
+            )),
+        }
+    }
+    // A fraction without `nvidia.com/gpu` (the KAI convention) shares one GPU.
+    let count = count.max(1);
+    (GpuRequest { count, per_gpu }, container)
+}
+
+/// A decimal in (0, 1] as milli-GPU; `None` when it is not one (or rounds to 0).
+pub fn parse_fraction(text: &str) -> Option<u32> {
+    let t = text.trim();
+    if t.is_empty() || !t.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        return None;
+    }
+    let p = quantity::parse(t).ok()?;
+    let milli = p.milli(Round::Down)?;
+    // Keep the precision the accounting has (milli); a finer share would round to nothing.
+    (1..=1000).contains(&milli).then_some(milli as u32)
+}
+
+/// GPU memory in MiB from a quantity (`10Gi`, `4096Mi`) or a plain whole number of MiB.
+pub fn parse_gpu_memory(text: &str) -> Result<u64, &'static str> {
+    let t = text.trim();
+    let mib = if !t.is_empty() && t.chars().all(|c| c.is_ascii_digit()) {
+        t.parse::<u64>().map_err(|_| "is too large")?
+    } else {
+        let p = quantity::parse(t).map_err(|_| "is not a memory amount")?;
+        if p.is_negative() {
+            return Err("is negative");
+        }
+        let v = p.mib(Round::Up).ok_or("is too large")?;
+        u64::try_from(v).map_err(|_| "is negative")?
+    };
+    if mib == 0 {
+        return Err("is zero");
+    }
+    Ok(mib)
+}

@@ -1,0 +1,177 @@
+//! The node agent's own reporting client (`tessera_agent::report`) against the
+//! coordinator's agent service, with TokenReview authentication through the dev
+//! cluster: the real inventory (simulated A100 machine with NVLink pairs and a MIG GPU)
+//! lands in the registry, health follows an XID, and a token of another node is refused.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessera_agent::assignments::NoAssignments;
+use tessera_agent::enforce::usage::{PodMeter, ProcessAttribution};
+use tessera_agent::gpu::XidEvent;
+use tessera_agent::gpu::sim::SimBackend;
+use tessera_agent::ledger::Ledger;
+use tessera_agent::node::{Node, NodeOptions};
+use tessera_coordinator::agents::{self, AgentRegistry, Authenticator, DEFAULT_AGENT_USER};
+use tessera_devcluster::apiserver::{ApiServer, ApiServerConfig, Token};
+use tokio::sync::watch;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn token(token: &str, node: &str) -> Token {
+    Token {
+        token: token.into(),
+        user: DEFAULT_AGENT_USER.into(),
+        groups: vec!["system:serviceaccounts".into()],
+        extra: BTreeMap::from([(
+            "authentication.kubernetes.io/node-name".to_string(),
+            vec![node.to_string()],
+        )]),
+    }
+}
+
+fn agent_node(dir: &Path) -> Arc<Node> {
+    let shape = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/gpus/a100-8x-mig.yaml");
+    let sim = Arc::new(SimBackend::from_file(shape).unwrap());
+    let ledger = Ledger::open(&dir.join("state")).unwrap();
+    Arc::new(Node::new(sim, ledger, NodeOptions::default()).unwrap())
+}
+
+async fn wait_for(registry: &AgentRegistry, what: &str, f: impl Fn(&AgentRegistry) -> bool) {
+    let mut changes = registry.changes();
+    let ok = tokio::time::timeout(WAIT, async {
+        while !f(registry) {
+            let _ = tokio::time::timeout(Duration::from_millis(200), changes.changed()).await;
+        }
+    })
+    .await;
+    assert!(ok.is_ok(), "registry never showed {what}");
+}
+
+#[tokio::test]
+async fn the_real_agent_reports_with_its_token_and_only_for_its_node() {
+    let api = ApiServer::start(ApiServerConfig {
+        tokens: vec![token("token-a", "node-a"), token("token-b", "node-b")],
+        ..ApiServerConfig::default()
+    })
+    .await
+    .unwrap();
+    let client = kube::Client::try_from(
+        tessera_devcluster::kubeconfig::client_config(&api.url(), None).unwrap(),
+    )
+    .unwrap();
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let registry = AgentRegistry::new();
+    let (stop, stop_rx) = watch::channel(false);
+    let service = tokio::spawn(agents::serve(
+        listener,
+        registry.clone(),
+        Authenticator::token_review(client, vec![DEFAULT_AGENT_USER.to_string()]),
+        stop_rx,
+    ));
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("token-a"), "token-a\n").unwrap();
+    std::fs::write(dir.path().join("token-b"), "token-b").unwrap();
+    let meter = || {
+        PodMeter::new(
+            ProcessAttribution::new(dir.path().join("proc")),
+            Arc::new(NoAssignments),
+        )
+    };
+
+    // node-a with its own token.
+    let node = agent_node(&dir.path().join("a"));
+    let reporter_a = tokio::spawn(tessera_agent::report::run_authenticated(
+        endpoint.clone(),
+        Arc::clone(&node),
+        "node-a".into(),
+        meter(),
+        Some(dir.path().join("token-a")),
+    ));
+    // An agent on node-b that claims to be node-c: refused over and over.
+    let reporter_c = tokio::spawn(tessera_agent::report::run_authenticated(
+        endpoint.clone(),
+        agent_node(&dir.path().join("c")),
+        "node-c".into(),
+        meter(),
+        Some(dir.path().join("token-b")),
+    ));
+    // An agent whose token file is missing connects without a token: refused.
+    let reporter_d = tokio::spawn(tessera_agent::report::run_authenticated(
+        endpoint.clone(),
+        agent_node(&dir.path().join("d")),
+        "node-d".into(),
+        meter(),
+        Some(dir.path().join("no-such-token")),
+    ));
+
+    wait_for(&registry, "node-a with its occupancy", |r| {
+        r.get("node-a")
+            .is_some_and(|n| n.connected && n.occupancy.len() == 8)
+    })
+    .await;
+    let a = registry.get("node-a").unwrap();
+    assert_eq!(a.gpus.len(), 8);
+    let islands: Vec<_> = a.gpus.iter().map(|g| g.nvlink_island).collect();
+    assert_eq!(
+        islands,
+        vec![
+            Some(0),
+            Some(0),
+            Some(1),
+            Some(1),
+            Some(2),
+            Some(2),
+            Some(3),
+            Some(3)
+        ]
+    );
+    let mig = a.gpus[7].mig.as_ref().expect("GPU 7 is in MIG mode");
+    assert_eq!(mig.len(), 4);
+    assert_eq!(mig[0].profile, "3g.20gb");
+    assert_eq!(mig[0].compute_milli, 428);
+    assert!(a.gpus[..7].iter().all(|g| g.mig.is_none()));
+
+    // A fatal XID on GPU 5 reaches the registry as a health change.
+    let uuid5 = a.gpus[5].uuid.clone();
+    node.on_xid(&XidEvent {
+        uuid: uuid5.clone(),
+        xid: 79,
+    });
+    wait_for(&registry, "GPU 5 unhealthy", |r| {
+        r.get("node-a").is_some_and(|n| !n.gpus[5].healthy)
+    })
+    .await;
+    assert!(
+        registry.get("node-a").unwrap().health_reasons[&uuid5].contains("79"),
+        "{:?}",
+        registry.get("node-a").unwrap().health_reasons
+    );
+
+    // By now the impostor and the tokenless agent have tried at least once.
+    assert!(registry.get("node-c").is_none());
+    assert!(registry.get("node-d").is_none());
+    assert_eq!(registry.connected_count(), 1);
+
+    // The agent goes away: its node is marked disconnected.
+    reporter_a.abort();
+    wait_for(&registry, "node-a disconnected", |r| {
+        r.get("node-a").is_some_and(|n| !n.connected)
+    })
+    .await;
+
+    reporter_c.abort();
+    reporter_d.abort();
+    stop.send(true).unwrap();
+    tokio::time::timeout(WAIT, service)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    api.shutdown().await;
+}

@@ -1,0 +1,691 @@
+//! The coordinator's runtime against the development API server over real HTTP: plain Node
+//! objects, agents simulated through the registry (inventory as an agent would send it), and a
+//! stand-in for the agents' `tessera.dev/allocated` mark where a test needs it.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::client::Body;
+use serde_json::json;
+use tessera_coordinator::agents::AgentRegistry;
+use tessera_coordinator::cluster::leader::LeaseConfig;
+use tessera_coordinator::cluster::{
+    ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION, Coordinator, CoordinatorConfig, CoordinatorHandle,
+};
+use tessera_coordinator::crd::{GpuQuota, Queue, QueueSpec};
+use tessera_coordinator::model::Assignment;
+use tessera_devcluster::apiserver::{ApiServer, ApiServerConfig, ApiServerHandle};
+use tessera_devcluster::kubeconfig;
+use tessera_proto::tessera::v1 as pb;
+use tokio::sync::mpsc;
+
+/// Generous bound for anything eventually true (the CI machine is slow).
+const WAIT: Duration = Duration::from_secs(30);
+
+struct Env {
+    server: ApiServerHandle,
+    client: kube::Client,
+    registry: AgentRegistry,
+    /// Keeps the simulated agents' outbound queues open.
+    _outbound: Vec<mpsc::Receiver<pb::CoordinatorMessage>>,
+}
+
+async fn env() -> Env {
+    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+    let client = client_for(&server);
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for (_, crd) in tessera_coordinator::crd::all() {
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    Env {
+        server,
+        client,
+        registry: AgentRegistry::new(),
+        _outbound: Vec::new(),
+    }
+}
+
+fn client_for(server: &ApiServerHandle) -> kube::Client {
+    kube::Client::try_from(kubeconfig::client_config(&server.url(), None).unwrap()).unwrap()
+}
+
+impl Env {
+    /// A Ready node with `gpus` GPUs and an agent (simulated) reporting them.
+    async fn node(&mut self, name: &str, gpus: u32) {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let capacity = json!({"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": (gpus * 10).to_string()});
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            "status": {"capacity": capacity, "allocatable": capacity,
+                       "conditions": [{"type": "Ready", "status": "True"}]},
+        }))
+        .unwrap();
+        nodes.create(&PostParams::default(), &node).await.unwrap();
+        let inventory = pb::NodeInventory {
+            node_name: name.into(),
+            agent_version: "test".into(),
+            gpus: (0..gpus)
+                .map(|i| pb::Gpu {
+                    uuid: format!("GPU-{name}-{i}"),
+                    index: i,
+                    model: "NVIDIA A100-SXM4-80GB".into(),
+                    memory_mib: 81920,
+                    numa_node: -1,
+                    ..Default::default()
+                })
+                .collect(),
+            links: None,
+            shares_per_gpu: 10,
+        };
+        let (tx, rx) = mpsc::channel(16);
+        self.registry.connect(&inventory, 1, tx).unwrap();
+        self._outbound.push(rx);
+    }
+
+    fn config(&self, identity: &str) -> CoordinatorConfig {
+        CoordinatorConfig {
+            identity: identity.into(),
+            lease: LeaseConfig {
+                namespace: "default".into(),
+                name: "tessera-test".into(),
+                duration: Duration::from_secs(2),
+                renew_every: Duration::from_millis(400),
+            },
+            registry: Some(self.registry.clone()),
+            agent_timeout: Duration::from_secs(3600),
+            cycle_interval: Duration::from_millis(200),
+            ..CoordinatorConfig::default()
+        }
+    }
+
+    async fn start(&self, identity: &str) -> CoordinatorHandle {
+        self.start_with(self.client.clone(), identity).await
+    }
+
+    async fn start_with(&self, client: kube::Client, identity: &str) -> CoordinatorHandle {
+        Coordinator::start(client, self.config(identity))
+            .await
+            .unwrap()
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), "default")
+    }
+
+    async fn create_pod(
+        &self,
+        name: &str,
+        gpus: u32,
+        annotations: serde_json::Value,
+        labels: serde_json::Value,
+    ) {
+        let mut resources = json!({"requests": {"cpu": "1", "memory": "1Gi"}});
+        if gpus > 0 {
+            resources["limits"] = json!({"nvidia.com/gpu": gpus.to_string()});
+        }
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "annotations": annotations, "labels": labels},
+            "spec": {"schedulerName": "tessera",
+                     "containers": [{"name": "main", "image": "busybox", "resources": resources}]},
+        }))
+        .unwrap();
+        self.pods()
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap();
+    }
+
+    async fn get(&self, name: &str) -> Option<Pod> {
+        self.pods().get_opt(name).await.unwrap()
+    }
+
+    /// Plays the agents' part: marks every bound GPU pod allocated.
+    fn allocate_bound_pods(&self) -> tokio::task::JoinHandle<()> {
+        let pods = self.pods();
+        tokio::spawn(async move {
+            loop {
+                if let Ok(list) = pods.list(&ListParams::default()).await {
+                    for p in list {
+                        let bound = p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some();
+                        let marked = p
+                            .metadata
+                            .annotations
+                            .as_ref()
+                            .is_some_and(|a| a.contains_key(ALLOCATED_ANNOTATION));
+                        if bound && !marked {
+                            let _ = mark_allocated(&pods, p.metadata.name.as_deref().unwrap_or(""))
+                                .await;
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    }
+
+    async fn events_for(&self, name: &str) -> Vec<Event> {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), "default");
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some(name))
+            .collect()
+    }
+}
+
+async fn mark_allocated(pods: &Api<Pod>, name: &str) -> kube::Result<Pod> {
+    let patch = json!({"metadata": {"annotations": {ALLOCATED_ANNOTATION: "1"}}});
+    pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+}
+
+/// Polls `f` until it returns `Some`, or panics after [`WAIT`] naming `what`.
+async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn node_of(p: &Pod) -> Option<String> {
+    p.spec.as_ref().and_then(|s| s.node_name.clone())
+}
+
+fn assignment_of(p: &Pod) -> Option<Assignment> {
+    let text = p
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(ASSIGNMENT_ANNOTATION)?;
+    Some(Assignment::from_json(text).unwrap())
+}
+
+fn unschedulable_message(p: &Pod) -> Option<String> {
+    p.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| {
+            c.type_ == "PodScheduled"
+                && c.status == "False"
+                && c.reason.as_deref() == Some("Unschedulable")
+        })?
+        .message
+        .clone()
+}
+
+async fn bound(env: &Env, name: &str) -> Pod {
+    eventually(&format!("pod {name} bound"), || async {
+        env.get(name).await.filter(|p| node_of(p).is_some())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_are_bound_with_assignments_and_events() {
+    let mut env = env().await;
+    env.node("n1", 4).await;
+    let coordinator = env.start("c1").await;
+    let _agent = env.allocate_bound_pods();
+    env.create_pod("whole", 2, json!({}), json!({})).await;
+    env.create_pod(
+        "half",
+        1,
+        json!({"tessera.dev/gpu-fraction": "0.5"}),
+        json!({}),
+    )
+    .await;
+    for i in 0..2 {
+        env.create_pod(
+            &format!("gang-{i}"),
+            1,
+            json!({"tessera.dev/pod-group": "g", "tessera.dev/min-member": "2"}),
+            json!({}),
+        )
+        .await;
+    }
+    let whole = bound(&env, "whole").await;
+    assert_eq!(node_of(&whole).as_deref(), Some("n1"));
+    let a = assignment_of(&whole).expect("assignment written");
+    let slices: Vec<_> = a.slices().collect();
+    assert_eq!(slices.len(), 2);
+    assert!(
+        slices
+            .iter()
+            .all(|s| s.compute_milli == 1000 && s.uuid.starts_with("GPU-n1-"))
+    );
+    assert!(
+        whole
+            .metadata
+            .annotations
+            .as_ref()
+            .unwrap()
+            .contains_key("tessera.dev/assigned-at")
+    );
+
+    let half = bound(&env, "half").await;
+    let a = assignment_of(&half).unwrap();
+    assert_eq!(
+        a.slices().map(|s| s.compute_milli).collect::<Vec<_>>(),
+        vec![500]
+    );
+
+    let g0 = bound(&env, "gang-0").await;
+    let g1 = bound(&env, "gang-1").await;
+    let u0: Vec<_> = assignment_of(&g0)
+        .unwrap()
+        .slices()
+        .map(|s| s.uuid.clone())
+        .collect();
+    let u1: Vec<_> = assignment_of(&g1)
+        .unwrap()
+        .slices()
+        .map(|s| s.uuid.clone())
+        .collect();
+    assert!(
+        u0.iter().all(|u| !u1.contains(u)),
+        "gang members share a whole GPU: {u0:?} {u1:?}"
+    );
+
+    let events = eventually("a Scheduled event naming the node and GPUs", || async {
+        env.events_for("whole")
+            .await
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("Scheduled"))
+    })
+    .await;
+    let message = events.message.unwrap();
+    assert!(
+        message.contains("n1") && message.contains("GPU-n1-"),
+        "{message}"
+    );
+    assert!(coordinator.is_leader());
+    coordinator.shutdown().await;
+    env.server.shutdown().await;
+}
+
+/// A client in front of the real one that answers `POST .../pods/<name>/binding` with 500 for
+/// one pod and passes everything else to the API server: the API rejecting one bind.
+#[derive(Clone)]
+struct RejectBinding {
+    inner: kube::Client,
+    pod: Arc<str>,
+}
+
+impl tower::Service<http::Request<Body>> for RejectBinding {
+    type Response = http::Response<Body>;
+    type Error = kube::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        let path = req.uri().path().to_owned();
+        if req.method() == http::Method::POST
+            && path.ends_with(&format!("/pods/{}/binding", self.pod))
+        {
+            let body = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                              "message": "injected failure", "reason": "InternalError", "code": 500});
+            let response = http::Response::builder()
+                .status(500)
+                .header("content-type", "application/json")
+                .body(Body::from(serde_json::to_vec(&body).unwrap()))
+                .unwrap();
+            return Box::pin(async move { Ok(response) });
+        }
+        let inner = self.inner.clone();
+        Box::pin(async move { inner.send(req).await })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_with_a_rejected_bind_is_not_left_partial() {
+    let mut env = env().await;
+    env.node("n1", 4).await;
+    env.node("n2", 4).await;
+    let client = kube::Client::new(
+        RejectBinding {
+            inner: env.client.clone(),
+            pod: Arc::from("gang-2"),
+        },
+        "default",
+    );
+    let coordinator = env.start_with(client, "c1").await;
+    let _agent = env.allocate_bound_pods();
+    for i in 0..3 {
+        env.create_pod(
+            &format!("gang-{i}"),
+            2,
+            json!({"tessera.dev/pod-group": "g", "tessera.dev/min-member": "3"}),
+            json!({}),
+        )
+        .await;
+    }
+    // A pod outside the gang is unaffected.
+    env.create_pod("solo", 1, json!({}), json!({})).await;
+    bound(&env, "solo").await;
+    eventually("the rejected bind reported", || async {
+        env.events_for("gang-2")
+            .await
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("FailedBinding"))
+    })
+    .await;
+    // Whatever was bound before the failure is evicted; the gang never runs partially.
+    eventually("no gang member left bound", || async {
+        let mut any_bound = false;
+        for i in 0..3 {
+            if let Some(p) = env.get(&format!("gang-{i}")).await {
+                any_bound |= node_of(&p).is_some();
+            }
+        }
+        (!any_bound).then_some(())
+    })
+    .await;
+    assert!(node_of(&env.get("gang-2").await.unwrap()).is_none());
+    for i in 0..2 {
+        let name = format!("gang-{i}");
+        if env.get(&name).await.is_none() {
+            let evicted = env.events_for(&name).await.into_iter().any(|e| {
+                e.reason.as_deref() == Some("Evicted")
+                    && e.message.as_deref().unwrap_or("").contains("partial gang")
+            });
+            assert!(
+                evicted,
+                "{name} is gone without an Evicted event naming the gang"
+            );
+        }
+    }
+    coordinator.shutdown().await;
+    env.server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unschedulable_condition_changes_only_with_its_message() {
+    let mut env = env().await;
+    env.node("n1", 4).await;
+    let coordinator = env.start("c1").await;
+    env.create_pod("big", 8, json!({}), json!({})).await;
+    let (first, rv) = eventually("an Unschedulable condition", || async {
+        let p = env.get("big").await?;
+        let m = unschedulable_message(&p)?;
+        Some((m, p.metadata.resource_version.clone()))
+    })
+    .await;
+    // Cycles keep running (another pod gets bound) without rewriting the same message.
+    let _agent = env.allocate_bound_pods();
+    env.create_pod("small-1", 1, json!({}), json!({})).await;
+    bound(&env, "small-1").await;
+    env.create_pod("small-2", 1, json!({}), json!({})).await;
+    bound(&env, "small-2").await;
+    let again = env.get("big").await.unwrap();
+    assert_eq!(
+        again.metadata.resource_version, rv,
+        "the condition was rewritten unchanged"
+    );
+    let failed = |events: Vec<Event>| {
+        events
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("FailedScheduling"))
+            .count()
+    };
+    assert_eq!(failed(env.events_for("big").await), 1);
+    // A second node changes the explanation: the condition follows.
+    env.node("n2", 4).await;
+    let second = eventually("the message to change", || async {
+        let m = unschedulable_message(&env.get("big").await?)?;
+        (m != first).then_some(m)
+    })
+    .await;
+    assert!(!second.is_empty());
+    assert_eq!(failed(env.events_for("big").await), 2);
+    coordinator.shutdown().await;
+    env.server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_annotation_is_named_and_nothing_else_is_affected() {
+    let mut env = env().await;
+    env.node("n1", 4).await;
+    let coordinator = env.start("c1").await;
+    let _agent = env.allocate_bound_pods();
+    env.create_pod(
+        "bad",
+        1,
+        json!({"tessera.dev/gpu-fraction": "1.5"}),
+        json!({}),
+    )
+    .await;
+    env.create_pod(
+        "good",
+        1,
+        json!({"tessera.dev/gpu-fraction": "0.5"}),
+        json!({}),
+    )
+    .await;
+    let message = eventually("the bad pod's condition", || async {
+        unschedulable_message(&env.get("bad").await?)
+    })
+    .await;
+    assert!(message.contains("tessera.dev/gpu-fraction"), "{message}");
+    bound(&env, "good").await;
+    let event = eventually("an event naming the field", || async {
+        env.events_for("bad").await.into_iter().find(|e| {
+            e.message
+                .as_deref()
+                .is_some_and(|m| m.contains("tessera.dev/gpu-fraction"))
+        })
+    })
+    .await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert!(node_of(&env.get("bad").await.unwrap()).is_none());
+    coordinator.shutdown().await;
+    env.server.shutdown().await;
+}
+
+async fn queue(client: &kube::Client, name: &str, gpus: f64) {
+    let api: Api<Queue> = Api::all(client.clone());
+    let q = Queue::new(
+        name,
+        QueueSpec {
+            gpu: Some(GpuQuota {
+                quota: gpus,
+                over_quota_weight: 1.0,
+                limit: -1.0,
+            }),
+            ..QueueSpec::default()
+        },
+    );
+    api.create(&PostParams::default(), &q).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reclaim_evicts_with_an_event_and_places_the_reclaimer() {
+    let mut env = env().await;
+    env.node("n1", 4).await;
+    queue(&env.client, "a", 2.0).await;
+    queue(&env.client, "b", 2.0).await;
+    let coordinator = env.start("c1").await;
+    let _agent = env.allocate_bound_pods();
+    for i in 0..4 {
+        env.create_pod(
+            &format!("a-{i}"),
+            1,
+            json!({}),
+            json!({"tessera.dev/queue": "a"}),
+        )
+        .await;
+        bound(&env, &format!("a-{i}")).await;
+    }
+    env.create_pod("b-0", 1, json!({}), json!({"tessera.dev/queue": "b"}))
+        .await;
+    let b = bound(&env, "b-0").await;
+    let b_gpu = assignment_of(&b)
+        .unwrap()
+        .slices()
+        .next()
+        .unwrap()
+        .uuid
+        .clone();
+    // One of a's pods made room, with an event naming the reclaiming queue.
+    let mut evicted = Vec::new();
+    for i in 0..4 {
+        let name = format!("a-{i}");
+        if env.get(&name).await.is_none() {
+            evicted.push(name);
+        }
+    }
+    assert_eq!(evicted.len(), 1, "evicted: {evicted:?}");
+    let event = eventually("the eviction event", || async {
+        env.events_for(&evicted[0])
+            .await
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("Evicted"))
+    })
+    .await;
+    assert!(event.message.unwrap().contains("queue b"));
+    // The reclaimer got a GPU no remaining pod holds.
+    for p in env.pods().list(&ListParams::default()).await.unwrap() {
+        if p.metadata.name.as_deref() != Some("b-0") {
+            let held: Vec<_> = assignment_of(&p)
+                .map(|a| a.slices().map(|s| s.uuid.clone()).collect())
+                .unwrap_or_default();
+            assert!(!held.contains(&b_gpu));
+        }
+    }
+    coordinator.shutdown().await;
+    env.server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_with_the_same_gpu_count_bind_one_at_a_time_per_node() {
+    let mut env = env().await;
+    env.node("n1", 4).await;
+    let coordinator = env.start("c1").await;
+    env.create_pod("one-a", 1, json!({}), json!({})).await;
+    let first = bound(&env, "one-a").await;
+    env.create_pod("one-b", 1, json!({}), json!({})).await;
+    env.create_pod("two", 2, json!({}), json!({})).await;
+    // A different count is not held back.
+    bound(&env, "two").await;
+    // The same count waits while one-a is not allocated by its agent.
+    let p = env.get("one-b").await.unwrap();
+    assert!(
+        node_of(&p).is_none(),
+        "one-b bound while one-a is not allocated"
+    );
+    assert!(
+        unschedulable_message(&p).is_none(),
+        "a held pod is not unschedulable"
+    );
+    mark_allocated(&env.pods(), "one-a").await.unwrap();
+    let second = bound(&env, "one-b").await;
+    assert_ne!(assignment_of(&first), assignment_of(&second));
+    coordinator.shutdown().await;
+    env.server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_rebuilds_from_the_api_without_binding_twice() {
+    let mut env = env().await;
+    env.node("n1", 4).await;
+    env.node("n2", 4).await;
+    env.server.audit().enable();
+    let first = env.start("c1").await;
+    let _agent = env.allocate_bound_pods();
+    for i in 0..2 {
+        env.create_pod(
+            &format!("gang-{i}"),
+            2,
+            json!({"tessera.dev/pod-group": "g", "tessera.dev/min-member": "2"}),
+            json!({}),
+        )
+        .await;
+    }
+    let before: BTreeMap<String, (Option<String>, Option<Assignment>)> = {
+        let mut m = BTreeMap::new();
+        for i in 0..2 {
+            let p = bound(&env, &format!("gang-{i}")).await;
+            m.insert(format!("gang-{i}"), (node_of(&p), assignment_of(&p)));
+        }
+        m
+    };
+    first.kill();
+    // The old leader died between writing an assignment and binding: a stale annotation on an
+    // unbound pod, naming GPUs a running pod holds.
+    let held = before["gang-0"].1.clone().unwrap();
+    env.create_pod(
+        "orphan",
+        2,
+        json!({ASSIGNMENT_ANNOTATION: held.to_json()}),
+        json!({}),
+    )
+    .await;
+    let second = env.start("c2").await;
+    let orphan = bound(&env, "orphan").await;
+    assert!(second.is_leader());
+    let mine: Vec<_> = assignment_of(&orphan)
+        .unwrap()
+        .slices()
+        .map(|s| s.uuid.clone())
+        .collect();
+    for (name, (node, assignment)) in &before {
+        let p = env.get(name).await.unwrap();
+        assert_eq!(&node_of(&p), node, "{name} moved");
+        assert_eq!(
+            &assignment_of(&p),
+            assignment,
+            "{name} got a new assignment"
+        );
+        if node_of(&orphan) == *node {
+            let theirs: Vec<_> = assignment
+                .as_ref()
+                .unwrap()
+                .slices()
+                .map(|s| s.uuid.clone())
+                .collect();
+            assert!(
+                mine.iter().all(|u| !theirs.contains(u)),
+                "orphan shares GPUs with {name}"
+            );
+        }
+    }
+    let binds = env
+        .server
+        .audit()
+        .records()
+        .into_iter()
+        .filter(|r| r.subresource.as_deref() == Some("binding") && r.status < 300)
+        .fold(BTreeMap::<String, u32>::new(), |mut m, r| {
+            *m.entry(r.name.unwrap_or_default()).or_default() += 1;
+            m
+        });
+    assert!(binds.values().all(|n| *n == 1), "{binds:?}");
+    assert_eq!(binds.len(), 3, "{binds:?}");
+    second.shutdown().await;
+    env.server.shutdown().await;
+}

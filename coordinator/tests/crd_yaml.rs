@@ -1,0 +1,177 @@
+//! The generated CRDs: `deploy/crds/` is up to date, the schemas carry the server-side checks,
+//! and the files apply to the development cluster's API server, which then serves each kind to
+//! kube-rs `Api<T>`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tessera_coordinator::crd::{self, PodGroup, Queue, Topology};
+use tessera_devcluster::apiserver::{ApiServer, ApiServerConfig};
+use tessera_devcluster::kubeconfig;
+
+const REGENERATE: &str = "cargo run -p tessera-coordinator -- crds --out deploy/crds";
+
+fn crd_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds")
+}
+
+#[test]
+fn deploy_crds_are_up_to_date() {
+    let files = crd::files().expect("CRDs render");
+    assert_eq!(files.len(), 3);
+    for (name, text) in files {
+        let path = crd_dir().join(&name);
+        let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            on_disk == text,
+            "{} is missing or out of date with the Rust CRD types; regenerate it with `{REGENERATE}`",
+            path.display()
+        );
+    }
+    // The printed stream is the three files, in order, as one multi-document YAML.
+    let all = crd::all_yaml().unwrap();
+    assert_eq!(all.matches("kind: CustomResourceDefinition").count(), 3);
+}
+
+#[test]
+fn schemas_carry_names_columns_and_server_side_checks() {
+    let yaml = crd::all_yaml().unwrap();
+    for needle in [
+        "name: queues.tessera.dev",
+        "name: podgroups.tessera.dev",
+        "name: topologies.tessera.dev",
+        "scope: Cluster",
+        "scope: Namespaced",
+        "- tq",
+        "- pg",
+        "x-kubernetes-int-or-string: true",
+        "x-kubernetes-validations",
+        "maxMember must be at least minMember",
+        "gpu.limit must be -1 (no limit) or at least gpu.quota",
+        "x-kubernetes-list-map-keys",
+        "jsonPath: .status.fairShare.gpu",
+        "jsonPath: .spec.minMember",
+    ] {
+        assert!(yaml.contains(needle), "generated CRDs lack {needle:?}");
+    }
+    // Every CRD is a single served, stored v1alpha1 with a status subresource.
+    for (_, c) in crd::all() {
+        assert_eq!(c.spec.group, "tessera.dev");
+        assert_eq!(c.spec.versions.len(), 1);
+        let v = &c.spec.versions[0];
+        assert_eq!(v.name, "v1alpha1");
+        assert!(v.served && v.storage);
+        assert!(
+            v.subresources
+                .as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_some()
+        );
+    }
+}
+
+/// Applies the files in deploy/crds, then creates, lists and status-patches one object of each
+/// kind through typed `Api<T>`.
+#[tokio::test]
+async fn crds_apply_to_the_dev_cluster() {
+    let server = ApiServer::start(ApiServerConfig::default())
+        .await
+        .expect("server starts");
+    let config = kubeconfig::client_config(&server.url(), None).expect("client config");
+    let client = kube::Client::try_from(config).expect("client");
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for name in ["queues.yaml", "podgroups.yaml", "topologies.yaml"] {
+        let text = std::fs::read_to_string(crd_dir().join(name)).expect("CRD file exists");
+        let obj: CustomResourceDefinition = serde_yaml_ng::from_str(&text).expect("CRD parses");
+        crds.create(&PostParams::default(), &obj)
+            .await
+            .unwrap_or_else(|e| panic!("{name} applies: {e}"));
+    }
+    // Discovery may lag creation by a moment on a real server; poll with a generous deadline.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let queues: Api<Queue> = Api::all(client.clone());
+    while queues.list(&ListParams::default()).await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "queues never became servable"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let q: Queue = serde_yaml_ng::from_str(
+        r#"
+apiVersion: tessera.dev/v1alpha1
+kind: Queue
+metadata: {name: team-a}
+spec:
+  parent: org
+  priority: 1
+  gpu: {quota: 2.5, overQuotaWeight: 2, limit: -1}
+  cpu: {quota: 32, limit: "64"}
+  memory: {quota: 64Gi, overQuotaWeight: 1, limit: -1}
+"#,
+    )
+    .expect("example queue parses");
+    queues.create(&PostParams::default(), &q).await.unwrap();
+    let listed = queues.list(&ListParams::default()).await.unwrap();
+    assert_eq!(listed.items.len(), 1);
+    assert_eq!(listed.items[0].spec, q.spec);
+    let status = json!({"status": {
+        "allocated": {"gpu": 1.5, "cpu": "4", "memory": "16Gi"},
+        "fairShare": {"gpu": 2.5, "cpu": "32", "memory": "64Gi"},
+        "conditions": [{"type": "Valid", "status": "True", "reason": "Valid", "message": ""}]}});
+    let patched = queues
+        .patch_status("team-a", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    let st = patched.status.expect("status");
+    assert_eq!(st.fair_share.map(|f| f.gpu), Some(2.5));
+    assert_eq!(st.conditions[0].type_, "Valid");
+
+    let groups: Api<PodGroup> = Api::namespaced(client.clone(), "default");
+    let g: PodGroup = serde_yaml_ng::from_str(
+        r#"
+apiVersion: tessera.dev/v1alpha1
+kind: PodGroup
+metadata: {name: train, namespace: default}
+spec: {minMember: 4, maxMember: 8, queue: team-a, topology: {required: rack}}
+"#,
+    )
+    .expect("example group parses");
+    groups.create(&PostParams::default(), &g).await.unwrap();
+    let listed = groups.list(&ListParams::default()).await.unwrap();
+    assert_eq!(listed.items.len(), 1);
+    assert_eq!(listed.items[0].spec.min_member, 4);
+    let patched = groups
+        .patch_status(
+            "train",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Running", "scheduled": 4, "running": 4}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.status.unwrap().running, 4);
+
+    let topologies: Api<Topology> = Api::all(client.clone());
+    let t: Topology = serde_yaml_ng::from_str(
+        r#"
+apiVersion: tessera.dev/v1alpha1
+kind: Topology
+metadata: {name: default}
+spec:
+  levels:
+    - {name: zone, nodeLabel: topology.kubernetes.io/zone}
+    - {name: rack, nodeLabel: topology.tessera.dev/rack}
+    - {name: host, nodeLabel: kubernetes.io/hostname}
+"#,
+    )
+    .expect("example topology parses");
+    topologies.create(&PostParams::default(), &t).await.unwrap();
+    let listed = topologies.list(&ListParams::default()).await.unwrap();
+    assert_eq!(listed.items.len(), 1);
+    assert_eq!(listed.items[0].spec.levels[1].name, "rack");
+    server.shutdown().await;
+}

@@ -1,0 +1,366 @@
+//! Group derivation, queues, topology, nodes and whole-snapshot assembly.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node as KubeNode, Pod as KubePod};
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use serde_json::{Value, json};
+use tessera_coordinator::crd::{PodGroup, Queue, Topology};
+use tessera_coordinator::model::{Gpu, PodGroup as ModelGroup};
+use tessera_coordinator::translate::{self, Inputs};
+
+fn kpod(name: &str, meta: Value, spec: Value) -> KubePod {
+    let mut m = json!({"name": name, "namespace": "ns", "uid": name,
+                       "creationTimestamp": "2026-01-01T00:00:00Z"});
+    m.as_object_mut()
+        .unwrap()
+        .extend(meta.as_object().unwrap().clone());
+    let mut s = json!({"schedulerName": "tessera", "containers": [{"name": "main"}]});
+    s.as_object_mut()
+        .unwrap()
+        .extend(spec.as_object().unwrap().clone());
+    serde_json::from_value(json!({"metadata": m, "spec": s})).unwrap()
+}
+
+fn owned_by(kind: &str, owner: &str) -> Value {
+    json!({"ownerReferences": [{"apiVersion": "x/v1", "kind": kind, "name": owner, "uid": owner,
+                               "controller": true}]})
+}
+
+fn queue(name: &str, spec: Value) -> Queue {
+    serde_json::from_value(
+        json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "Queue",
+                                  "metadata": {"name": name}, "spec": spec}),
+    )
+    .unwrap()
+}
+
+fn group(name: &str, spec: Value) -> PodGroup {
+    serde_json::from_value(
+        json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "PodGroup",
+                                  "metadata": {"name": name, "namespace": "ns"}, "spec": spec}),
+    )
+    .unwrap()
+}
+
+fn topology() -> Topology {
+    serde_json::from_value(
+        json!({"apiVersion": "tessera.dev/v1alpha1", "kind": "Topology",
+        "metadata": {"name": "default"},
+        "spec": {"levels": [{"name": "zone", "nodeLabel": "topology.kubernetes.io/zone"},
+                            {"name": "rack", "nodeLabel": "topology.tessera.dev/rack"}]}}),
+    )
+    .unwrap()
+}
+
+fn find<'a>(groups: &'a [ModelGroup], name: &str) -> &'a ModelGroup {
+    groups
+        .iter()
+        .find(|g| g.name == name)
+        .unwrap_or_else(|| panic!("no group {name} in {groups:?}"))
+}
+
+#[test]
+fn groups_from_objects_shorthand_and_owners() {
+    let pods = [
+        // Two pods of a Job: one implied group of 2.
+        kpod("j0", owned_by("Job", "train"), json!({})),
+        kpod("j1", owned_by("Job", "train"), json!({})),
+        // A PyTorchJob whose pods say min-member 2 of 3 (elastic).
+        kpod(
+            "t0",
+            json!({"annotations": {"tessera.dev/min-member": "2"}, "ownerReferences": owned_by("PyTorchJob", "bert")["ownerReferences"]}),
+            json!({}),
+        ),
+        kpod("t1", owned_by("PyTorchJob", "bert"), json!({})),
+        kpod("t2", owned_by("PyTorchJob", "bert"), json!({})),
+        // The annotation shorthand with topology.
+        kpod(
+            "s0",
+            json!({"labels": {"tessera.dev/queue": "team-a"},
+                          "annotations": {"tessera.dev/pod-group": "short", "tessera.dev/min-member": "2",
+                                          "tessera.dev/topology-required": "rack"}}),
+            json!({"priority": 50}),
+        ),
+        kpod(
+            "s1",
+            json!({"annotations": {"tessera.dev/pod-group": "short"}}),
+            json!({"priority": 70}),
+        ),
+        // Members of an explicit object; the unlabelled one takes the object's queue.
+        kpod(
+            "e0",
+            json!({"annotations": {"tessera.dev/pod-group": "explicit"}}),
+            json!({}),
+        ),
+        kpod(
+            "e1",
+            json!({"labels": {"tessera.dev/queue": "own"},
+                          "annotations": {"tessera.dev/pod-group": "explicit"}}),
+            json!({}),
+        ),
+        // A lone pod and a ReplicaSet's pod: groups of one.
+        kpod("lone", json!({}), json!({})),
+        kpod("rs", owned_by("ReplicaSet", "web"), json!({})),
+    ];
+    let explicit = group(
+        "explicit",
+        json!({"minMember": 2, "maxMember": 4, "queue": "team-b", "priorityClassName": "high",
+               "topology": {"required": "zone", "preferred": "topology.tessera.dev/rack"}}),
+    );
+    let topo = topology();
+    let pc: PriorityClass =
+        serde_json::from_value(json!({"metadata": {"name": "high"}, "value": 1000})).unwrap();
+    let mut inputs = Inputs::new(100, "tessera");
+    inputs.pods = pods.iter().collect();
+    inputs.pod_groups = vec![&explicit];
+    inputs.topologies = vec![&topo];
+    inputs.priority_classes = vec![&pc];
+    inputs
+        .below_min_member_since
+        .insert(("ns".into(), "job-train".into()), 42);
+    let out = translate::snapshot(&inputs);
+    let s = &out.snapshot;
+    assert_eq!(s.groups.len(), 4, "{:?}", s.groups);
+
+    let job = find(&s.groups, "job-train");
+    assert_eq!((job.min_member, job.max_member), (2, None));
+    assert_eq!(job.below_min_member_since, Some(42));
+    assert_eq!(job.queue, "default");
+
+    let bert = find(&s.groups, "pytorchjob-bert");
+    assert_eq!(bert.min_member, 2);
+
+    let short = find(&s.groups, "short");
+    assert_eq!(short.min_member, 2);
+    assert_eq!(short.queue, "team-a");
+    assert_eq!(short.priority, 70);
+    // The level name resolves to the Topology's label key.
+    assert_eq!(
+        short.topology_required.as_deref(),
+        Some("topology.tessera.dev/rack")
+    );
+
+    let e = find(&s.groups, "explicit");
+    assert_eq!((e.min_member, e.max_member), (2, Some(4)));
+    assert_eq!(e.queue, "team-b");
+    assert_eq!(e.priority, 1000);
+    assert_eq!(
+        e.topology_required.as_deref(),
+        Some("topology.kubernetes.io/zone")
+    );
+    assert_eq!(
+        e.topology_preferred.as_deref(),
+        Some("topology.tessera.dev/rack")
+    );
+    let pod = |uid: &str| s.pods.iter().find(|p| p.uid == uid).unwrap();
+    assert_eq!(pod("e0").queue, "team-b");
+    assert_eq!(pod("e1").queue, "own");
+    assert_eq!(pod("lone").group, None);
+    assert_eq!(pod("rs").group, None);
+    assert_eq!(
+        s.topology.as_ref().unwrap().levels,
+        ["topology.kubernetes.io/zone", "topology.tessera.dev/rack"]
+    );
+    assert!(out.group_problems.is_empty(), "{:?}", out.group_problems);
+}
+
+#[test]
+fn unknown_levels_and_bad_groups_are_reported() {
+    let bad = group(
+        "bad",
+        json!({"minMember": 3, "maxMember": 2, "topology": {"required": "row"}}),
+    );
+    let topo = topology();
+    let mut inputs = Inputs::new(0, "tessera");
+    inputs.pod_groups = vec![&bad];
+    inputs.topologies = vec![&topo];
+    let out = translate::snapshot(&inputs);
+    let problems = &out.group_problems[&("ns".to_string(), "bad".to_string())];
+    let text: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
+    assert!(
+        text.iter()
+            .any(|t| t.starts_with("spec.maxMember:") && t.contains("below minMember 3")),
+        "{text:?}"
+    );
+    assert!(
+        text.iter()
+            .any(|t| t.starts_with("spec.topology.required:") && t.contains("zone, rack")),
+        "{text:?}"
+    );
+    // The core still gets a usable group: max clamped to min, the unknown level passed through
+    // (the core reports it as an unknown topology level).
+    let g = find(&out.snapshot.groups, "bad");
+    assert_eq!(g.max_member, Some(3));
+    assert_eq!(g.topology_required.as_deref(), Some("row"));
+}
+
+#[test]
+fn queues_translate_to_accounting_units() {
+    let q = queue(
+        "team-a",
+        json!({"parent": "org", "priority": 3,
+               "gpu": {"quota": 2.5, "overQuotaWeight": 2, "limit": 8},
+               "cpu": {"quota": "500m", "limit": 32},
+               "memory": {"quota": "64Gi", "overQuotaWeight": 0.5, "limit": -1}}),
+    );
+    let m = translate::queue::translate(&q);
+    assert_eq!(m.name, "team-a");
+    assert_eq!(m.parent.as_deref(), Some("org"));
+    assert_eq!(m.priority, 3);
+    assert_eq!(
+        (m.gpu.quota, m.gpu.over_quota_weight, m.gpu.limit),
+        (2.5, 2.0, 8.0)
+    );
+    assert_eq!(
+        (m.cpu.quota, m.cpu.over_quota_weight, m.cpu.limit),
+        (500.0, 1.0, 32_000.0)
+    );
+    assert_eq!(
+        (m.memory.quota, m.memory.over_quota_weight, m.memory.limit),
+        (65_536.0, 0.5, -1.0)
+    );
+    // Unset resources: no quota, weight 1, no limit.
+    let m = translate::queue::translate(&queue("x", json!({})));
+    assert_eq!(
+        (m.gpu.quota, m.gpu.over_quota_weight, m.gpu.limit),
+        (0.0, 1.0, -1.0)
+    );
+    // Malformed values fall back safely (validation reports them).
+    let m = translate::queue::translate(&queue(
+        "y",
+        json!({"gpu": {"quota": -3, "overQuotaWeight": -1, "limit": -7},
+               "cpu": {"quota": "lots", "limit": "??"}}),
+    ));
+    assert_eq!(
+        (m.gpu.quota, m.gpu.over_quota_weight, m.gpu.limit),
+        (0.0, 0.0, -1.0)
+    );
+    assert_eq!((m.cpu.quota, m.cpu.limit), (0.0, -1.0));
+}
+
+#[test]
+fn snapshot_adds_a_default_queue_and_reports_queue_problems() {
+    let org = queue("org", json!({}));
+    let leaf = queue("leaf", json!({"parent": "org", "gpu": {"quota": -1}}));
+    let p = kpod(
+        "p",
+        json!({"labels": {"tessera.dev/queue": "org"}}),
+        json!({}),
+    );
+    let mut inputs = Inputs::new(0, "tessera");
+    inputs.queues = vec![&org, &leaf];
+    inputs.pods = vec![&p];
+    let out = translate::snapshot(&inputs);
+    let names: Vec<&str> = out
+        .snapshot
+        .queues
+        .iter()
+        .map(|q| q.name.as_str())
+        .collect();
+    assert_eq!(names, ["org", "leaf", "default"]);
+    assert!(
+        out.queue_problems["org"][0]
+            .message
+            .contains("only leaf queues take pods")
+    );
+    assert_eq!(out.queue_problems["leaf"][0].field, "spec.gpu.quota");
+    // A Queue object named default is used as is.
+    let d = queue("default", json!({"gpu": {"quota": 4}}));
+    let mut inputs = Inputs::new(0, "tessera");
+    inputs.queues = vec![&d];
+    let out = translate::snapshot(&inputs);
+    assert_eq!(out.snapshot.queues.len(), 1);
+    assert_eq!(out.snapshot.queues[0].gpu.quota, 4.0);
+}
+
+fn knode(name: &str, spec: Value, ready: &str) -> KubeNode {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"topology.tessera.dev/rack": "r1"}},
+        "spec": spec,
+        "status": {"allocatable": {"cpu": "31500m", "memory": "256Gi", "nvidia.com/gpu": "40"},
+                   "conditions": [{"type": "Ready", "status": ready}]},
+    }))
+    .unwrap()
+}
+
+#[test]
+fn nodes_with_agent_gpus_and_schedulability() {
+    let gpus = vec![
+        Gpu::new("n1", 0, "H100", 81_920),
+        Gpu::new("n1", 1, "H100", 81_920),
+    ];
+    let tolerated = vec!["nvidia.com/gpu".to_string()];
+    let n = translate::node::translate(
+        &knode("n1", json!({}), "True"),
+        Some(gpus.clone()),
+        &tolerated,
+    );
+    assert_eq!((n.cpu_milli, n.memory_mib), (31_500, 262_144));
+    assert_eq!(n.gpus, gpus);
+    assert!(n.schedulable);
+    assert_eq!(n.labels["topology.tessera.dev/rack"], "r1");
+    let n = translate::node::translate(&knode("n1", json!({}), "True"), None, &tolerated);
+    assert!(n.gpus.is_empty());
+    let cases = [
+        (json!({"unschedulable": true}), "True", false),
+        (json!({}), "False", false),
+        (json!({}), "Unknown", false),
+        (
+            json!({"taints": [{"key": "maintenance", "effect": "NoSchedule"}]}),
+            "True",
+            false,
+        ),
+        (
+            json!({"taints": [{"key": "maintenance", "effect": "NoExecute"}]}),
+            "True",
+            false,
+        ),
+        (
+            json!({"taints": [{"key": "spot", "effect": "PreferNoSchedule"}]}),
+            "True",
+            true,
+        ),
+        (
+            json!({"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]}),
+            "True",
+            true,
+        ),
+    ];
+    for (spec, ready, want) in cases {
+        let n = translate::node::translate(&knode("n", spec.clone(), ready), None, &tolerated);
+        assert_eq!(n.schedulable, want, "{spec} ready={ready}");
+    }
+}
+
+#[test]
+fn snapshot_is_sorted_and_joins_agent_gpus() {
+    let late = kpod(
+        "late",
+        json!({"creationTimestamp": "2026-01-01T00:01:00Z"}),
+        json!({}),
+    );
+    let early = kpod(
+        "early",
+        json!({"creationTimestamp": "2026-01-01T00:00:01Z"}),
+        json!({}),
+    );
+    let done = serde_json::from_value::<KubePod>(json!({
+        "metadata": {"name": "done"}, "spec": {"schedulerName": "tessera", "containers": []},
+        "status": {"phase": "Succeeded"}}))
+    .unwrap();
+    let n1 = knode("n1", json!({}), "True");
+    let n2 = knode("n2", json!({}), "True");
+    let mut inputs = Inputs::new(7, "tessera");
+    inputs.pods = vec![&late, &early, &done];
+    inputs.nodes = vec![&n1, &n2];
+    inputs.agent_gpus = BTreeMap::from([("n1".to_string(), vec![Gpu::new("n1", 0, "T4", 15_360)])]);
+    let out = translate::snapshot(&inputs);
+    let s = &out.snapshot;
+    assert_eq!(s.now, 7);
+    let uids: Vec<&str> = s.pods.iter().map(|p| p.uid.as_str()).collect();
+    assert_eq!(uids, ["early", "late"]);
+    assert_eq!(s.nodes[0].gpus.len(), 1);
+    assert!(s.nodes[1].gpus.is_empty());
+    assert!(s.topology.is_none());
+}
