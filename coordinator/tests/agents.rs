@@ -466,7 +466,7 @@ async fn only_the_leader_keeps_agent_streams() {
     })
     .await
     .expect("the stream stayed open after leadership was lost");
-    let status = end.err().expect("the stream must end with a status");
+    let status = end.expect_err("the stream must end with a status");
     assert_eq!(status.code(), Code::Unavailable, "{status}");
     service
         .wait_for("node-a disconnected", |r| {

@@ -55,7 +55,7 @@ async fn gang_of_four_two_gpu_pods_is_bound_whole_on_nvlink_pairs() {
         let mut index: Vec<u32> = gpus.iter().map(|g| sim.devices_index(&g.uuid)).collect();
         index.sort();
         assert!(
-            index[0] % 2 == 0 && index[1] == index[0] + 1,
+            index[0].is_multiple_of(2) && index[1] == index[0] + 1,
             "{name} got GPUs {index:?} on {node}, not an NVLink pair"
         );
     }

@@ -633,7 +633,7 @@ impl Scheduler {
         for p in &decisions.pending {
             *pending.entry(pending_category(p)).or_default() += 1;
         }
-        self.metrics.set_pending(pending.into_iter());
+        self.metrics.set_pending(pending);
         let mut samples = Vec::new();
         for q in &decisions.fair_shares {
             for r in Resource::ALL {

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::condition::Condition;
 
 /// Spec of a PodGroup: gang size, elastic bound, queue, priority and topology constraints.
+#[allow(clippy::duplicated_attributes)] // kube-derive repeats `type_` per printer column by design.
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "tessera.dev",

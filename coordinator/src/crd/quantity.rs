@@ -223,7 +223,7 @@ impl JsonSchema for QuantityValue {
 
 /// Formats milli-cores as a quantity (`4`, `1500m`).
 pub fn format_milli(milli: u64) -> String {
-    if milli % 1000 == 0 {
+    if milli.is_multiple_of(1000) {
         (milli / 1000).to_string()
     } else {
         format!("{milli}m")
@@ -232,7 +232,7 @@ pub fn format_milli(milli: u64) -> String {
 
 /// Formats MiB as a quantity (`64Gi`, `1536Mi`).
 pub fn format_mib(mib: u64) -> String {
-    if mib != 0 && mib % 1024 == 0 {
+    if mib != 0 && mib.is_multiple_of(1024) {
         format!("{}Gi", mib / 1024)
     } else {
         format!("{mib}Mi")

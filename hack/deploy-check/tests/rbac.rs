@@ -294,6 +294,7 @@ async fn audit_log_records_requests_in_rbac_terms() {
     audit.disable();
     let _ = pods.get("p").await;
     // The coordinator runs too; only the test's own (admin) requests are checked here.
+    #[allow(clippy::type_complexity)]
     let got: Vec<(String, String, Option<String>, Option<String>, u16)> = audit
         .records()
         .into_iter()
