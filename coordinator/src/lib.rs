@@ -1,17 +1,15 @@
-//! Tessera coordinator library: the pure scheduling core and the offline simulator.
+//! Tessera coordinator library: the coordinator in the cluster around the scheduling core.
 //!
-//! The scheduling core (`model`, `fairshare`, `placement`, `actions`, `cycle`) is pure:
-//! a snapshot goes in, decisions come out; no I/O, no clocks, deterministic for a seed.
-//! `sim` drives the core (and the published baseline policies) over traces.
+//! The pure core and the simulator live in `tessera-core` and are re-exported here under
+//! their usual names, so `tessera_coordinator::model` and `crate::model` keep working.
+//! This crate adds what talks to the world: the CRDs (`crd`), the translation of
+//! Kubernetes objects into a core snapshot (`translate`), the agents' gRPC service
+//! (`agents`), the running scheduler (`cluster`) and its operations surface (`ops`).
 
-pub mod actions;
+pub use tessera_core::{actions, cycle, fairshare, model, placement, sim};
+
 pub mod agents;
 pub mod cluster;
 pub mod crd;
-pub mod cycle;
-pub mod fairshare;
-pub mod model;
 pub mod ops;
-pub mod placement;
-pub mod sim;
 pub mod translate;

@@ -246,7 +246,8 @@ async fn bound(env: &Env, name: &str) -> Pod {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_are_bound_with_assignments_and_events() {
     let mut env = env().await;
-    env.node("n1", 4).await;
+    // Room for all: 2 whole GPUs, half of a third, and the gang's two whole GPUs.
+    env.node("n1", 5).await;
     let coordinator = env.start("c1").await;
     let _agent = env.allocate_bound_pods();
     env.create_pod("whole", 2, json!({}), json!({})).await;
@@ -454,8 +455,9 @@ async fn unschedulable_condition_changes_only_with_its_message() {
             .count()
     };
     assert_eq!(failed(env.events_for("big").await), 1);
-    // A second node changes the explanation: the condition follows.
-    env.node("n2", 4).await;
+    // A larger second node changes the explanation ("the largest node has 6"): the
+    // condition follows.
+    env.node("n2", 6).await;
     let second = eventually("the message to change", || async {
         let m = unschedulable_message(&env.get("big").await?)?;
         (m != first).then_some(m)

@@ -160,12 +160,8 @@ async fn agent_restart_in_the_middle_of_allocations_loses_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hack/devcluster cannot restart a hollow kubelet faithfully: a new HollowNode re-admits \
-            the running pods and calls Allocate again (a real kubelet restores them from its \
-            device checkpoint), and the agent hands those calls the pending pods' assignments; \
-            needs HollowNodeHandle::restart_kubelet keeping admitted pods and their devices"]
 async fn kubelet_restart_in_the_middle_of_allocations_loses_nothing() {
-    let mut e2e = E2e::start(Setup::one_node()).await;
+    let e2e = E2e::start(Setup::one_node()).await;
     let first = vec!["whole-1".to_string(), "half-1".into(), "quarter-1".into()];
     e2e.create(pod("whole-1").gpus(2)).await;
     e2e.create(pod("half-1").fraction("0.5")).await;

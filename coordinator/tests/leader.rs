@@ -81,11 +81,11 @@ impl Monitor {
 }
 
 async fn wait_leader(rx: &mut watch::Receiver<bool>, who: &str) {
-    let ok = tokio::time::timeout(WAIT, rx.wait_for(|l| *l)).await;
-    assert!(
-        matches!(ok, Ok(Ok(_))),
-        "{who} never became leader within {WAIT:?}"
+    let led = matches!(
+        tokio::time::timeout(WAIT, rx.wait_for(|l| *l)).await,
+        Ok(Ok(_))
     );
+    assert!(led, "{who} never became leader within {WAIT:?}");
 }
 
 async fn holder(client: &kube::Client, name: &str) -> (Option<String>, i32) {
@@ -141,7 +141,6 @@ async fn one_leader_among_two_and_the_standby_takes_over_after_a_crash() {
 }
 
 #[tokio::test]
-#[ignore = "hangs: LeaderElector::release or the standby's takeover of a released 60 s lease does not complete; under investigation"]
 async fn a_graceful_release_hands_over_without_waiting_for_expiry() {
     let (server, client) = api_server().await;
     // A long lease: had the leader not released it, the standby could not lead within
@@ -151,11 +150,13 @@ async fn a_graceful_release_hands_over_without_waiting_for_expiry() {
     let monitor = Monitor::start(a.is_leader(), b.is_leader());
     let mut b_leader = b.is_leader();
     a.release().await;
-    let ok = tokio::time::timeout(Duration::from_secs(20), b_leader.wait_for(|l| *l)).await;
-    assert!(
-        matches!(ok, Ok(Ok(_))),
-        "the standby did not take over a released lease"
+    // Only a yes or no is kept: the `Ref` that `wait_for` returns holds the watch's read
+    // lock, and held on it would block the elector's next `send` for good.
+    let took_over = matches!(
+        tokio::time::timeout(Duration::from_secs(20), b_leader.wait_for(|l| *l)).await,
+        Ok(Ok(_))
     );
+    assert!(took_over, "the standby did not take over a released lease");
     assert_eq!(
         holder(&client, "release").await,
         (Some("replica-b".to_string()), 1)

@@ -249,17 +249,38 @@ impl Binder {
     /// `reason`.
     pub async fn evict(&self, t: &EvictTarget, reason: &str) -> Result<EvictOutcome, kube::Error> {
         let params = EvictParams {
-            delete_options: Some(DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: Some(t.uid.clone()),
-                    resource_version: None,
-                }),
-                ..DeleteParams::default()
-            }),
+            delete_options: Some(same_pod(t)),
             post_options: PostParams::default(),
         };
-        match self.pods(&t.namespace).evict(&t.name, &params).await {
-            Ok(_) => {
+        let result = self.pods(&t.namespace).evict(&t.name, &params).await;
+        self.settle(t, reason, result.map(drop)).await
+    }
+
+    /// Evicts; when the eviction is refused (a disruption budget answers 429), deletes.
+    async fn evict_or_delete(
+        &self,
+        t: &EvictTarget,
+        reason: &str,
+    ) -> Result<EvictOutcome, kube::Error> {
+        match self.evict(t, reason).await {
+            Err(kube::Error::Api(s)) if s.code == 429 => {
+                let result = self.pods(&t.namespace).delete(&t.name, &same_pod(t)).await;
+                self.settle(t, reason, result.map(drop)).await
+            }
+            other => other,
+        }
+    }
+
+    /// Turns the answer to an eviction or deletion into an outcome, with an Event when
+    /// the pod went.
+    async fn settle(
+        &self,
+        t: &EvictTarget,
+        reason: &str,
+        result: Result<(), kube::Error>,
+    ) -> Result<EvictOutcome, kube::Error> {
+        match result {
+            Ok(()) => {
                 self.events
                     .publish(
                         &pod_object(&t.namespace, &t.name, &t.uid),
@@ -275,42 +296,16 @@ impl Binder {
             Err(e) => Err(e),
         }
     }
+}
 
-    /// Evicts; when the eviction is refused (a disruption budget answers 429), deletes.
-    async fn evict_or_delete(
-        &self,
-        t: &EvictTarget,
-        reason: &str,
-    ) -> Result<EvictOutcome, kube::Error> {
-        match self.evict(t, reason).await {
-            Err(kube::Error::Api(s)) if s.code == 429 => {
-                let params = DeleteParams {
-                    preconditions: Some(Preconditions {
-                        uid: Some(t.uid.clone()),
-                        resource_version: None,
-                    }),
-                    ..DeleteParams::default()
-                };
-                match self.pods(&t.namespace).delete(&t.name, &params).await {
-                    Ok(_) => {
-                        self.events
-                            .publish(
-                                &pod_object(&t.namespace, &t.name, &t.uid),
-                                EventKind::Normal,
-                                events::EVICTED,
-                                reason,
-                            )
-                            .await;
-                        Ok(EvictOutcome::Evicted)
-                    }
-                    Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
-                        Ok(EvictOutcome::Gone)
-                    }
-                    Err(e) => Err(e),
-                }
-            }
-            other => other,
-        }
+/// Delete options that only touch the pod with this uid, never a successor of the same name.
+fn same_pod(t: &EvictTarget) -> DeleteParams {
+    DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(t.uid.clone()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
     }
 }
 

@@ -146,10 +146,7 @@ pub struct NodeSlot {
     /// The simulated GPUs the agent reads.
     pub sim: Arc<SimBackend>,
     dir: PathBuf,
-    hollow_config: HollowNodeConfig,
     hollow: Option<HollowNodeHandle>,
-    /// Container records of earlier kubelet incarnations (before a simulated restart).
-    earlier_records: Vec<ContainerRecord>,
     agent: Option<Agent>,
 }
 
@@ -475,11 +472,8 @@ impl E2e {
         self.nodes
             .iter()
             .flat_map(|slot| {
-                let mut all = slot.earlier_records.clone();
-                if let Some(h) = &slot.hollow {
-                    all.extend(h.containers());
-                }
-                all.into_iter().map(|r| (slot.name.clone(), r))
+                let all = slot.hollow.as_ref().map(HollowNodeHandle::containers);
+                all.into_iter().flatten().map(|r| (slot.name.clone(), r))
             })
             .collect()
     }
@@ -590,20 +584,20 @@ impl E2e {
         slot.agent = Some(start_agent(&client, slot, service).await);
     }
 
-    /// Restarts the kubelet of `node`: the hollow node's loop and its device-manager sockets
-    /// stop and start again on the same directories; the agent must notice the new
-    /// `kubelet.sock` and register again.
-    pub async fn restart_kubelet(&mut self, node: &str) {
-        let client = self.client.clone();
-        let slot = self.slot_mut(node);
-        if let Some(hollow) = slot.hollow.take() {
-            slot.earlier_records.extend(hollow.containers());
-            hollow.shutdown().await;
-        }
-        let hollow = HollowNode::start(client, slot.hollow_config.clone())
+    /// Restarts the kubelet of `node`: its sockets go away and come back on the same
+    /// directories (the agent must notice the new `kubelet.sock` and register again), it
+    /// lists its pods afresh and keeps what it had admitted, as its checkpoint does.
+    pub async fn restart_kubelet(&self, node: &str) {
+        let slot = self
+            .nodes
+            .iter()
+            .find(|s| s.name == node)
+            .unwrap_or_else(|| panic!("no node {node}"));
+        let hollow = slot.hollow.as_ref().expect("the kubelet runs");
+        hollow
+            .restart_kubelet()
             .await
             .unwrap_or_else(|e| panic!("restarting the kubelet of {node}: {e}"));
-        slot.hollow = Some(hollow);
     }
 
     /// Everything the pod watch saw, in order.
@@ -904,9 +898,7 @@ async fn start_node(
         name: name.into(),
         sim,
         dir: dir.clone(),
-        hollow_config: hollow_config.clone(),
         hollow: None,
-        earlier_records: Vec::new(),
         agent: None,
     };
     // The hollow kubelet waits for its device plugin, and the agent needs the kubelet's

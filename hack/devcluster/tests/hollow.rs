@@ -330,6 +330,52 @@ async fn hollow_node_calls_the_device_plugin_per_container() {
         .unwrap();
     assert_eq!(third.env["NVIDIA_VISIBLE_DEVICES"], "GPU-a");
 
+    // A kubelet restart: the plugin registers again, the running pods are neither
+    // allocated again nor forgotten (the checkpoint), and the next pod gets the one slot
+    // left rather than one a running container holds.
+    let before = node.containers();
+    node.restart_kubelet().await.unwrap();
+    assert_eq!(
+        node.containers(),
+        before,
+        "running pods were allocated again"
+    );
+    let channel =
+        tessera_device_plugin::uds::connect(pod_resources_dir.path().join("kubelet.sock"))
+            .await
+            .unwrap();
+    let listed = PodResourcesListerClient::new(channel)
+        .list(pr::ListPodResourcesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .pod_resources;
+    let mut names: Vec<&str> = listed.iter().map(|p| p.name.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["third", "two-containers"]);
+    pods.create(&PostParams::default(), &gpu_pod("after-restart", 1, None))
+        .await
+        .unwrap();
+    bind(&pods, "after-restart", "hollow-dp").await;
+    wait_phase(&pods, "after-restart", "Running").await;
+    let held: Vec<String> = node
+        .containers()
+        .into_iter()
+        .flat_map(|r| {
+            if r.pod == "zz-older" || r.pod == "aa-newer" {
+                vec![]
+            } else {
+                r.device_ids
+            }
+        })
+        .collect();
+    let distinct: std::collections::BTreeSet<&String> = held.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        4,
+        "a held slot was handed out again: {held:?}"
+    );
+
     node.shutdown().await;
     let _ = stop_plugin.send(());
     let _ = plugin_task.await;

@@ -750,7 +750,9 @@ mod tests {
             std::thread::sleep(Duration::from_millis(300));
             let s = sim.sample(&uuid).unwrap();
             assert_eq!(s.memory_used_mib, 300);
-            assert_eq!(util(&s, idle_pid), Some(0));
+            // A sleeper may still be finishing its exec in the first window; it must
+            // never look like real work.
+            assert!(util(&s, idle_pid).is_some_and(|u| u <= 5), "{s:?}");
             // Any share of a core: the machine may be busy with other work.
             if util(&s, busy_pid).unwrap() > 5 {
                 break;

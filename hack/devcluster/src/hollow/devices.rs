@@ -261,6 +261,31 @@ impl DeviceManager {
         Ok(records)
     }
 
+    /// Restarts the kubelet side as a real kubelet restart does: the registration socket
+    /// and every plugin socket in the directory go away and `kubelet.sock` is served anew,
+    /// and the pod-resources API goes down and comes back. What the device manager had
+    /// allocated survives, as the kubelet's device checkpoint does: admitted pods are not
+    /// allocated again. Waits for the plugin to register again.
+    pub async fn restart(&mut self, timeout: Duration) -> Result<(), String> {
+        if let Some(server) = self.pod_resources.take() {
+            let path = server.socket_path().to_path_buf();
+            server.stop().await;
+            self.pod_resources = Some(FakePodResources::start(&path).await.map_err(|e| {
+                format!(
+                    "cannot serve the pod-resources API at {} again: {e}",
+                    path.display()
+                )
+            })?);
+        }
+        self.kubelet
+            .restart()
+            .await
+            .map_err(|e| format!("cannot serve kubelet.sock again: {e}"))?;
+        self.wait_ready(timeout).await?;
+        self.publish();
+        Ok(())
+    }
+
     /// Stops serving the kubelet (and pod-resources) sockets.
     pub async fn stop(self) {
         self.kubelet.stop().await;

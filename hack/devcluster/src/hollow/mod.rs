@@ -17,6 +17,7 @@ use kube::runtime::watcher;
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tokio::sync::watch as signal;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 pub use devices::ContainerRecord;
@@ -101,6 +102,7 @@ pub struct HollowNode;
 pub struct HollowNodeHandle {
     name: String,
     stop: signal::Sender<bool>,
+    restart: mpsc::Sender<oneshot::Sender<Result<(), String>>>,
     task: JoinHandle<()>,
     records: Arc<Mutex<Vec<ContainerRecord>>>,
 }
@@ -138,6 +140,7 @@ impl HollowNode {
         };
         register_node(&client, &config, gpu_capacity).await?;
         let (stop, stop_rx) = signal::channel(false);
+        let (restart, restart_rx) = mpsc::channel(1);
         let records = Arc::new(Mutex::new(Vec::new()));
         let kubelet = Kubelet {
             pods: Api::all(client.clone()),
@@ -149,10 +152,11 @@ impl HollowNode {
             records: records.clone(),
             next_ip: 1,
         };
-        let task = tokio::spawn(kubelet.run(stop_rx));
+        let task = tokio::spawn(kubelet.run(stop_rx, restart_rx));
         Ok(HollowNodeHandle {
             name: config.name,
             stop,
+            restart,
             task,
             records,
         })
@@ -168,6 +172,27 @@ impl HollowNodeHandle {
     /// Every container the node started so far and what its device plugin gave it.
     pub fn containers(&self) -> Vec<ContainerRecord> {
         self.records.lock().clone()
+    }
+
+    /// Restarts the kubelet the way a real one restarts: its sockets go away and come back
+    /// (the device plugin has to register again), it lists its pods afresh, and what it
+    /// had admitted survives as its device checkpoint does, so running pods keep their
+    /// devices and are not allocated again while pods bound but not yet admitted are.
+    /// Containers keep running meanwhile. Returns once the plugin has registered again.
+    pub async fn restart_kubelet(&self) -> Result<(), HollowError> {
+        let failed = |message: String| HollowError::DevicePlugin {
+            node: self.name.clone(),
+            message,
+        };
+        let (done, answer) = oneshot::channel();
+        self.restart
+            .send(done)
+            .await
+            .map_err(|_| failed("the kubelet loop has stopped".to_owned()))?;
+        answer
+            .await
+            .map_err(|_| failed("the kubelet loop stopped while restarting".to_owned()))?
+            .map_err(failed)
     }
 
     /// Stops the kubelet loop (the Node object stays).
@@ -266,47 +291,45 @@ struct Kubelet {
 }
 
 impl Kubelet {
-    async fn run(mut self, mut stop: signal::Receiver<bool>) {
-        let selector = format!("spec.nodeName={}", self.config.name);
-        let stream = watcher(
-            self.pods.clone(),
-            watcher::Config::default().fields(&selector),
-        );
-        futures::pin_mut!(stream);
-        let mut capacity_check = tokio::time::interval(Duration::from_millis(500));
-        let mut initial: Vec<Pod> = Vec::new();
-        loop {
-            tokio::select! {
-                _ = async { stop.wait_for(|s| *s).await.map(|_| ()) } => break,
-                _ = capacity_check.tick(), if self.devices.is_some() => self.refresh_capacity().await,
-                event = stream.next() => match event {
-                    Some(Ok(watcher::Event::Apply(pod))) => self.on_pod(pod).await,
-                    Some(Ok(watcher::Event::Init)) => initial.clear(),
-                    Some(Ok(watcher::Event::InitApply(pod))) => initial.push(pod),
-                    Some(Ok(watcher::Event::InitDone)) => {
-                        // Like the kubelet, admit what is already bound oldest first.
-                        initial.sort_by(|a, b| {
-                            (a.metadata.creation_timestamp.as_ref().map(|t| t.0), &a.metadata.name)
-                                .cmp(&(b.metadata.creation_timestamp.as_ref().map(|t| t.0), &b.metadata.name))
-                        });
-                        // Pods deleted while the watch was re-listing never sent a Delete.
-                        let present: std::collections::HashSet<String> =
-                            initial.iter().filter_map(|p| p.metadata.uid.clone()).collect();
-                        let gone: Vec<String> =
-                            self.running.keys().filter(|uid| !present.contains(*uid)).cloned().collect();
-                        for uid in gone {
-                            self.forget(&uid);
-                        }
-                        for pod in std::mem::take(&mut initial) {
-                            self.on_pod(pod).await;
-                        }
+    async fn run(
+        mut self,
+        mut stop: signal::Receiver<bool>,
+        mut restart: mpsc::Receiver<oneshot::Sender<Result<(), String>>>,
+    ) {
+        // Each pass is one kubelet life: a fresh pod watch, so a restart re-lists.
+        'life: loop {
+            let selector = format!("spec.nodeName={}", self.config.name);
+            let stream = watcher(
+                self.pods.clone(),
+                watcher::Config::default().fields(&selector),
+            );
+            futures::pin_mut!(stream);
+            let mut capacity_check = tokio::time::interval(Duration::from_millis(500));
+            let mut initial: Vec<Pod> = Vec::new();
+            loop {
+                tokio::select! {
+                    _ = async { stop.wait_for(|s| *s).await.map(|_| ()) } => break 'life,
+                    Some(done) = restart.recv() => {
+                        let result = match &mut self.devices {
+                            Some(devices) => devices.restart(self.config.device_plugin_timeout).await,
+                            None => Ok(()),
+                        };
+                        let _ = done.send(result);
+                        continue 'life;
                     }
-                    Some(Ok(watcher::Event::Delete(pod))) => self.forget(pod.metadata.uid.as_deref().unwrap_or("")),
-                    Some(Err(e)) => {
-                        tracing::warn!(node = %self.config.name, error = %e, "pod watch failed; retrying");
-                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    _ = capacity_check.tick(), if self.devices.is_some() => self.refresh_capacity().await,
+                    event = stream.next() => match event {
+                        Some(Ok(watcher::Event::Apply(pod))) => self.on_pod(pod).await,
+                        Some(Ok(watcher::Event::Init)) => initial.clear(),
+                        Some(Ok(watcher::Event::InitApply(pod))) => initial.push(pod),
+                        Some(Ok(watcher::Event::InitDone)) => self.on_listed(std::mem::take(&mut initial)).await,
+                        Some(Ok(watcher::Event::Delete(pod))) => self.forget(pod.metadata.uid.as_deref().unwrap_or("")),
+                        Some(Err(e)) => {
+                            tracing::warn!(node = %self.config.name, error = %e, "pod watch failed; retrying");
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                        None => break 'life,
                     }
-                    None => break,
                 }
             }
         }
@@ -317,6 +340,38 @@ impl Kubelet {
         }
         if let Some(devices) = self.devices.take() {
             devices.stop().await;
+        }
+    }
+
+    /// A full listing of the node's pods (at start, after a restart or a watch re-list).
+    async fn on_listed(&mut self, mut listed: Vec<Pod>) {
+        // Like the kubelet, admit what is already bound oldest first.
+        listed.sort_by(|a, b| {
+            (
+                a.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                &a.metadata.name,
+            )
+                .cmp(&(
+                    b.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                    &b.metadata.name,
+                ))
+        });
+        // Pods deleted while the watch was re-listing never sent a Delete.
+        let present: std::collections::HashSet<String> = listed
+            .iter()
+            .filter_map(|p| p.metadata.uid.clone())
+            .collect();
+        let gone: Vec<String> = self
+            .running
+            .keys()
+            .filter(|uid| !present.contains(*uid))
+            .cloned()
+            .collect();
+        for uid in gone {
+            self.forget(&uid);
+        }
+        for pod in listed {
+            self.on_pod(pod).await;
         }
     }
 

@@ -4,15 +4,15 @@
 //! consolidation run against 10k+ bound pods), the time, placements per second and evictions,
 //! and finally the peak memory (VmHWM).
 //!
-//! Run: `cargo run --release -p tessera-coordinator --example bench_cycle`. Override the size
+//! Run: `cargo run --release -p tessera-core --example bench_cycle`. Override the size
 //! with `TESSERA_BENCH_NODES` and `TESSERA_BENCH_PODS`.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use tessera_coordinator::cycle::{CycleConfig, Decisions, schedule};
-use tessera_coordinator::model::Snapshot;
-use tessera_coordinator::model::synthetic::{SyntheticSpec, synthetic};
+use tessera_core::cycle::{CycleConfig, Decisions, schedule};
+use tessera_core::model::Snapshot;
+use tessera_core::model::synthetic::{SyntheticSpec, synthetic};
 
 fn vm_hwm_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;

@@ -1,8 +1,8 @@
 //! Scenario tests for each action, written as small tables: cluster, queues, pods → expected
 //! decisions.
 
-use tessera_coordinator::cycle::{CycleConfig, Decisions, EvictionReason, Reason, schedule};
-use tessera_coordinator::model::{InputError, Node, Pod, PodGroup, Queue, Snapshot};
+use tessera_core::cycle::{CycleConfig, Decisions, EvictionReason, Reason, schedule};
+use tessera_core::model::{InputError, Node, Pod, PodGroup, Queue, Snapshot};
 
 fn cluster(nodes: &[(&str, u32)]) -> Snapshot {
     let mut s = Snapshot::at(1000).queue(Queue::new("default"));
@@ -600,7 +600,7 @@ fn reclaim_evicts_a_gang_whole_or_not_at_all() {
 
 #[test]
 fn mig_pods_only_on_mig_gpus_and_back() {
-    use tessera_coordinator::model::{Isolation, MigInstance};
+    use tessera_core::model::{Isolation, MigInstance};
     let mut node = Node::gpu_node("n1", 2, "A100", 40_000);
     node.gpus[0].mig = Some(vec![MigInstance {
         profile: "3g.20gb".into(),

@@ -160,9 +160,11 @@ pub fn run_policy(
     }
 }
 
-/// Default location of the openb data relative to a crate directory (`../../shared/data/openb`
-/// from `coordinator/`), if present.
-pub fn default_data_dir(manifest_dir: &Path) -> Option<PathBuf> {
-    let d = manifest_dir.join("../../shared/data/openb");
-    d.join("openb_node_list_gpu_node.csv").exists().then_some(d)
+/// The openb data in `shared/data/openb` beside the repository, found from any directory
+/// inside it (a crate's manifest directory, say), if present.
+pub fn default_data_dir(inside_repo: &Path) -> Option<PathBuf> {
+    inside_repo
+        .ancestors()
+        .map(|a| a.join("shared/data/openb"))
+        .find(|d| d.join("openb_node_list_gpu_node.csv").exists())
 }

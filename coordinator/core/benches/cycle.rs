@@ -1,12 +1,12 @@
 //! Criterion benchmark: one scheduling cycle on the synthetic 5,000-node, 40,000-GPU cluster
 //! with 50,000 pending pods. Throughput is reported in placements (bindings) per second.
-//! Run: `cargo bench -p tessera-coordinator --bench cycle`.
+//! Run: `cargo bench -p tessera-core --bench cycle`.
 
 use std::time::Duration;
 
 use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
-use tessera_coordinator::cycle::{CycleConfig, schedule};
-use tessera_coordinator::model::synthetic::{SyntheticSpec, synthetic};
+use tessera_core::cycle::{CycleConfig, schedule};
+use tessera_core::model::synthetic::{SyntheticSpec, synthetic};
 
 fn cycle(c: &mut Criterion) {
     let snap = synthetic(&SyntheticSpec::default());

@@ -37,11 +37,11 @@ pub enum RunError {
 
 /// Path of the bundled sample workload.
 pub fn default_workload_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/workloads/sample.yaml")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../hack/workloads/sample.yaml")
 }
 
 /// The bundled sample, compiled in so `simulate` works away from the repository.
-const SAMPLE: &str = include_str!("../../../hack/workloads/sample.yaml");
+const SAMPLE: &str = include_str!("../../../../hack/workloads/sample.yaml");
 
 /// Runs the bundled sample (from `path` when present, else the compiled-in copy) and returns
 /// the report.

@@ -1,8 +1,8 @@
 //! Fairness: three queues with quotas 50/30/20 GPUs and over-quota weights 1/1/2, all asking
 //! for far more than the cluster has, converge to their fair shares within 2% after reclaim.
 
-use tessera_coordinator::cycle::{CycleConfig, Decisions, schedule};
-use tessera_coordinator::model::{Node, Pod, Queue, Snapshot};
+use tessera_core::cycle::{CycleConfig, Decisions, schedule};
+use tessera_core::model::{Node, Pod, Queue, Snapshot};
 
 /// Applies a cycle's decisions the way the cluster would: bindings bind, evicted pods are
 /// recreated pending (same uid for simplicity).

@@ -1,14 +1,14 @@
 //! Criterion benchmark: the whole openb default-trace fill (10,866 arrivals on 1,213 nodes, the
 //! published arrival order of seed 42) per policy. Skips when the trace is absent.
-//! Run: `cargo bench -p tessera-coordinator --bench openb`.
+//! Run: `cargo bench -p tessera-core --bench openb`.
 
 use std::path::Path;
 use std::time::Duration;
 
 use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
-use tessera_coordinator::sim::experiment::{FillSpec, default_data_dir, prepare};
-use tessera_coordinator::sim::fill::run_fill;
-use tessera_coordinator::sim::policy::Policy;
+use tessera_core::sim::experiment::{FillSpec, default_data_dir, prepare};
+use tessera_core::sim::fill::run_fill;
+use tessera_core::sim::policy::Policy;
 
 fn openb(c: &mut Criterion) {
     let Some(dir) = default_data_dir(Path::new(env!("CARGO_MANIFEST_DIR"))) else {

@@ -266,22 +266,22 @@ impl GpuShape {
 
 /// The repository's `hack/gpus` directory.
 pub fn bundled_dir() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/gpus")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../hack/gpus")
 }
 
 /// The shapes shipped in `hack/gpus`, compiled in so the binary works away from the repository.
 const EMBEDDED: [(&str, &str); 3] = [
     (
         "h100-8x-nvswitch",
-        include_str!("../../../hack/gpus/h100-8x-nvswitch.yaml"),
+        include_str!("../../../../hack/gpus/h100-8x-nvswitch.yaml"),
     ),
     (
         "l40s-4x-pcie",
-        include_str!("../../../hack/gpus/l40s-4x-pcie.yaml"),
+        include_str!("../../../../hack/gpus/l40s-4x-pcie.yaml"),
     ),
     (
         "a100-8x-mig",
-        include_str!("../../../hack/gpus/a100-8x-mig.yaml"),
+        include_str!("../../../../hack/gpus/a100-8x-mig.yaml"),
     ),
 ];
 

@@ -3,9 +3,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
-use tessera_coordinator::cycle::{CycleConfig, Decisions, EvictionReason, schedule};
-use tessera_coordinator::fairshare::{QueueTree, fair_shares};
-use tessera_coordinator::model::{GpuRequest, GpuShare, Node, Pod, PodGroup, Queue, Snapshot};
+use tessera_core::cycle::{CycleConfig, Decisions, EvictionReason, schedule};
+use tessera_core::fairshare::{QueueTree, fair_shares};
+use tessera_core::model::{GpuRequest, GpuShare, Node, Pod, PodGroup, Queue, Snapshot};
 
 #[derive(Clone, Debug)]
 struct PodSpec {
