@@ -9,8 +9,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Harness, share};
-use tessera_agent::agent::Agent;
+use common::{Harness, bind_isolated};
 use tessera_agent::assignments::StaticAssignments;
 use tessera_agent::enforce::isolation::Isolation;
 use tessera_agent::enforce::mig::MigConfig;
@@ -41,18 +40,17 @@ async fn harness(source: Arc<StaticAssignments>) -> (Harness, Arc<PluginConnecti
     std::fs::write(&file, SHAPE).unwrap();
     // An absolute path replaces the shapes directory.
     let mut h = Harness::start(file.to_str().unwrap(), source.clone()).await;
-    let old = h.gpu_plugin().await;
     // Without --mig-create the GPUs in MIG mode get no slots.
-    let slots = old.devices().latest().unwrap();
+    let slots = h.gpu_plugin().await.devices().latest().unwrap();
     assert_eq!(slots.len(), 10);
-    h.stop_agent().await;
-    let mut config = h.config(source);
-    config.mig = MigConfig {
-        create: true,
-        sweep_every: Duration::from_millis(50),
-    };
-    h.agent = Some(Agent::start(config).await.unwrap());
-    let plugin = h.new_gpu_plugin(&old).await;
+    let plugin = h
+        .restart_agent_with(source, |config, _| {
+            config.mig = MigConfig {
+                create: true,
+                sweep_every: Duration::from_millis(50),
+            }
+        })
+        .await;
     plugin
         .devices()
         .wait_until(|d| d.len() == 30, EVENTUALLY)
@@ -62,14 +60,7 @@ async fn harness(source: Arc<StaticAssignments>) -> (Harness, Arc<PluginConnecti
 }
 
 fn mig_pod(source: &StaticAssignments, name: &str, created: u64, gpu: &str, mib: u64, milli: u32) {
-    let pod = PodRef::new("ml", name);
-    source.bind(
-        pod.clone(),
-        created,
-        &[("main", 1)],
-        Some(share(gpu, mib, milli)),
-    );
-    source.set_isolation(pod, Isolation::Mig);
+    bind_isolated(source, name, created, (gpu, mib, milli), Isolation::Mig);
 }
 
 fn instances(h: &Harness, gpu: &str) -> Vec<MigInstance> {

@@ -9,8 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Harness, share};
-use tessera_agent::agent::Agent;
+use common::{Harness, bind_isolated, share};
 use tessera_agent::assignments::StaticAssignments;
 use tessera_agent::enforce::isolation::Isolation;
 use tessera_agent::enforce::mps::{MpsConfig, PID_FILE};
@@ -57,24 +56,14 @@ async fn harness(
     mps: impl FnOnce(&Path) -> MpsConfig,
 ) -> (Harness, Arc<PluginConnection>) {
     let mut h = Harness::start("l40s-4x-pcie.yaml", source.clone()).await;
-    let old = h.gpu_plugin().await;
-    h.stop_agent().await;
-    let mut config = h.config(source);
-    config.mps = mps(h.dir.path());
-    h.agent = Some(Agent::start(config).await.unwrap());
-    let plugin = h.new_gpu_plugin(&old).await;
+    let plugin = h
+        .restart_agent_with(source, |config, dir| config.mps = mps(dir))
+        .await;
     (h, plugin)
 }
 
 fn mps_pod(source: &StaticAssignments, name: &str, created: u64, gpu: &str, mib: u64, milli: u32) {
-    let pod = PodRef::new("ml", name);
-    source.bind(
-        pod.clone(),
-        created,
-        &[("main", 1)],
-        Some(share(gpu, mib, milli)),
-    );
-    source.set_isolation(pod, Isolation::Mps);
+    bind_isolated(source, name, created, (gpu, mib, milli), Isolation::Mps);
 }
 
 fn pid_in(pipe: &Path) -> Option<u32> {

@@ -2,15 +2,19 @@
 //! and a fake pod-resources server on real Unix sockets in a temporary directory.
 #![allow(dead_code)] // each test binary uses a different subset
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tempfile::TempDir;
 use tessera_agent::agent::{Agent, AgentConfig};
-use tessera_agent::assignments::{Assignment, AssignmentSource, ContainerAssignment, GpuSlice};
+use tessera_agent::assignments::{
+    Assignment, AssignmentSource, ContainerAssignment, GpuSlice, StaticAssignments,
+};
+use tessera_agent::enforce::isolation::Isolation;
 use tessera_agent::gpu::Backend;
 use tessera_agent::gpu::sim::SimBackend;
+use tessera_agent::ledger::PodRef;
 use tessera_agent::node::NodeOptions;
 use tessera_device_plugin::testing::{FakeKubelet, FakePodResources, PluginConnection};
 
@@ -130,6 +134,21 @@ impl Harness {
         }
     }
 
+    /// Restarts the agent with a configuration `tweak` changes (given the harness
+    /// directory), and returns the plugin generation it registers.
+    pub async fn restart_agent_with(
+        &mut self,
+        source: Arc<dyn AssignmentSource>,
+        tweak: impl FnOnce(&mut AgentConfig, &Path),
+    ) -> Arc<PluginConnection> {
+        let old = self.gpu_plugin().await;
+        self.stop_agent().await;
+        let mut config = self.config(source);
+        tweak(&mut config, self.dir.path());
+        self.agent = Some(Agent::start(config).await.unwrap());
+        self.new_gpu_plugin(&old).await
+    }
+
     pub fn agent(&self) -> &Agent {
         self.agent.as_ref().unwrap()
     }
@@ -177,6 +196,25 @@ pub fn share(uuid: &str, memory_mib: u64, compute_milli: u32) -> Assignment {
             }],
         }],
     }
+}
+
+/// Binds pod `ml/name` (container `main`, one slot) to a share of `gpu` in `isolation`.
+pub fn bind_isolated(
+    source: &StaticAssignments,
+    name: &str,
+    created: u64,
+    share_of: (&str, u64, u32),
+    isolation: Isolation,
+) {
+    let pod = PodRef::new("ml", name);
+    let (gpu, memory_mib, compute_milli) = share_of;
+    source.bind(
+        pod.clone(),
+        created,
+        &[("main", 1)],
+        Some(share(gpu, memory_mib, compute_milli)),
+    );
+    source.set_isolation(pod, isolation);
 }
 
 /// The GPU uuid a slot id belongs to.
