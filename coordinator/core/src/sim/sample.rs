@@ -190,6 +190,7 @@ pub fn human(out: &ReplayOutcome) -> String {
             e.3 += 1;
         }
     }
+    let width = per.keys().map(|q| q.len()).max().unwrap_or(0);
     for (q, (w, nw, c, nc)) in per {
         let mean = |a: u64, n: u64| {
             if n == 0 {
@@ -200,7 +201,7 @@ pub fn human(out: &ReplayOutcome) -> String {
         };
         let _ = writeln!(
             s,
-            "  {q:<14} wait {:>6} s   completion {:>6} s",
+            "  {q:<width$} wait {:>6} s   completion {:>6} s",
             mean(w, nw),
             mean(c, nc)
         );
