@@ -14,6 +14,7 @@ pub mod ledger;
 pub mod metrics;
 pub mod node;
 pub mod plugin;
+pub mod probe;
 pub mod reconcile;
 pub mod report;
 pub mod topology;

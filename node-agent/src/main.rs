@@ -16,6 +16,7 @@ use tessera_agent::events::{EventSink, KubeEvents, LogEvents};
 use tessera_agent::gpu::Backend;
 use tessera_agent::kube_assignments::KubeAssignments;
 use tessera_agent::node::NodeOptions;
+use tessera_agent::probe;
 use tessera_proto::deviceplugin::DEFAULT_DEVICE_PLUGIN_DIR;
 use tessera_proto::podresources::{DEFAULT_POD_RESOURCES_DIR, POD_RESOURCES_SOCKET};
 
@@ -50,6 +51,20 @@ enum Command {
         #[arg(long, default_value = DEFAULT_ADMIN_SOCKET)]
         admin_socket: PathBuf,
         /// Print JSON instead of the matrix.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Read what the GPU backend sees here, without a running agent and without changing
+    /// anything: GPUs, links, processes, MIG profiles and instances, XID events. Exits 1
+    /// when any backend call fails, naming it.
+    Probe {
+        /// `nvml`, or `sim:<file.yaml>` for a simulated machine (see hack/gpus/).
+        #[arg(long, default_value = "nvml")]
+        gpu_backend: String,
+        /// Seconds to listen for XID events (0: do not listen).
+        #[arg(long, default_value_t = 0.0)]
+        events_secs: f64,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -175,6 +190,32 @@ async fn main() -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 print!("{}", report.text);
+            }
+            Ok(())
+        }
+        Command::Probe {
+            gpu_backend,
+            events_secs,
+            json,
+        } => {
+            let listen_for_events = Duration::try_from_secs_f64(events_secs)
+                .ok()
+                .filter(|d| *d <= Duration::from_secs(3600))
+                .with_context(|| {
+                    format!("--events-secs {events_secs}: expected seconds from 0 to 3600")
+                })?;
+            let backend = Backend::open(&gpu_backend)?;
+            let report = probe::probe(
+                backend.as_dyn().as_ref(),
+                probe::ProbeOptions { listen_for_events },
+            );
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", probe::render(&report));
+            }
+            if !report.ok() {
+                std::process::exit(1);
             }
             Ok(())
         }

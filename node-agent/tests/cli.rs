@@ -198,3 +198,30 @@ fn refusals_are_clear_and_non_zero() {
     let (ok, _, err) = cli(&["status", "--admin-socket", &admin]);
     assert!(!ok && err.contains("admin socket"), "{err}");
 }
+
+#[test]
+fn probe_reads_the_backend_without_an_agent() {
+    let sim = format!("sim:{}", shape("a100-8x-mig.yaml").display());
+    let (ok, out, err) = cli(&["probe", "--gpu-backend", &sim, "--json"]);
+    assert!(ok, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["backend"], "sim");
+    assert_eq!(report["gpus"].as_array().unwrap().len(), 8);
+    assert_eq!(report["failures"], serde_json::json!([]));
+    let mig = report["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| !g["mig_profiles"].is_null())
+        .expect("a GPU in MIG mode");
+    assert!(!mig["mig_profiles"].as_array().unwrap().is_empty());
+
+    let (ok, out, err) = cli(&["probe", "--gpu-backend", &sim, "--events-secs", "0.05"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("XID events in"), "{out}");
+    assert!(out.contains("all backend calls succeeded"), "{out}");
+
+    let (ok, _, err) = cli(&["probe", "--gpu-backend", &sim, "--events-secs=-1"]);
+    assert!(!ok);
+    assert!(err.contains("--events-secs"), "{err}");
+}
