@@ -161,7 +161,7 @@ async fn agent_restart_in_the_middle_of_allocations_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubelet_restart_in_the_middle_of_allocations_loses_nothing() {
-    let e2e = E2e::start(Setup::one_node()).await;
+    let mut e2e = E2e::start(Setup::one_node()).await;
     let first = vec!["whole-1".to_string(), "half-1".into(), "quarter-1".into()];
     e2e.create(pod("whole-1").gpus(2)).await;
     e2e.create(pod("half-1").fraction("0.5")).await;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::gpu::{GpuBackend, GpuDevice, GpuSample, MigInstance, MigProfile, XidEvent};
+use crate::gpu::{GpuBackend, GpuDevice, GpuError, GpuSample, MigInstance, MigProfile, XidEvent};
 use crate::topology::Topology;
 
 /// What to probe beyond the always-read inventory.
@@ -62,46 +62,31 @@ impl ProbeReport {
 /// Reads everything the agent reads from `backend`, once; never changes anything.
 pub fn probe(backend: &dyn GpuBackend, options: ProbeOptions) -> ProbeReport {
     let mut failures = Vec::new();
-    let devices = backend.devices().unwrap_or_else(|e| {
-        failures.push(format!("listing GPUs: {e}"));
-        Vec::new()
-    });
-    let topology = match Topology::discover(backend, &devices) {
-        Ok(t) => Some(t.render()),
-        Err(e) => {
-            failures.push(format!("link matrix: {e}"));
-            None
-        }
-    };
+    let devices = noted(&mut failures, "listing GPUs", backend.devices()).unwrap_or_default();
+    let topology = noted(
+        &mut failures,
+        "link matrix",
+        Topology::discover(backend, &devices),
+    )
+    .map(|t| t.render());
     let mut gpus = Vec::with_capacity(devices.len());
     for device in devices {
-        let uuid = device.uuid.clone();
-        let read = |what: &str, failures: &mut Vec<String>, e: &dyn std::fmt::Display| {
-            failures.push(format!("GPU {} ({uuid}): {what}: {e}", device.index));
-        };
-        let sample = match backend.sample(&device.uuid) {
-            Ok(s) => Some(s),
-            Err(e) => {
-                read("sample", &mut failures, &e);
-                None
-            }
-        };
+        let uuid = device.uuid.as_str();
+        let on = |what: &str| format!("GPU {} ({uuid}): {what}", device.index);
+        let sample = noted(&mut failures, &on("sample"), backend.sample(uuid));
         let (mig_profiles, mig_instances) = if device.mig.is_some() {
-            let profiles = match backend.mig_profiles(&device.uuid) {
-                Ok(p) => Some(p),
-                Err(e) => {
-                    read("MIG profiles", &mut failures, &e);
-                    None
-                }
-            };
-            let instances = match backend.mig_instances(&device.uuid) {
-                Ok(i) => Some(i),
-                Err(e) => {
-                    read("MIG instances", &mut failures, &e);
-                    None
-                }
-            };
-            (profiles, instances)
+            (
+                noted(
+                    &mut failures,
+                    &on("MIG profiles"),
+                    backend.mig_profiles(uuid),
+                ),
+                noted(
+                    &mut failures,
+                    &on("MIG instances"),
+                    backend.mig_instances(uuid),
+                ),
+            )
         } else {
             (None, None)
         };
@@ -135,6 +120,13 @@ pub fn probe(backend: &dyn GpuBackend, options: ProbeOptions) -> ProbeReport {
         listened_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         failures,
     }
+}
+
+/// The value of a successful call; a failed one is noted as `what: error`.
+fn noted<T>(failures: &mut Vec<String>, what: &str, result: Result<T, GpuError>) -> Option<T> {
+    result
+        .map_err(|e| failures.push(format!("{what}: {e}")))
+        .ok()
 }
 
 /// The report as text for a terminal.
@@ -233,8 +225,8 @@ pub fn render(report: &ProbeReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpu::PcieRelation;
     use crate::gpu::sim::SimBackend;
-    use crate::gpu::{GpuError, PcieRelation};
 
     fn sim(file: &str) -> SimBackend {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

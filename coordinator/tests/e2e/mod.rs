@@ -587,12 +587,8 @@ impl E2e {
     /// Restarts the kubelet of `node`: its sockets go away and come back on the same
     /// directories (the agent must notice the new `kubelet.sock` and register again), it
     /// lists its pods afresh and keeps what it had admitted, as its checkpoint does.
-    pub async fn restart_kubelet(&self, node: &str) {
-        let slot = self
-            .nodes
-            .iter()
-            .find(|s| s.name == node)
-            .unwrap_or_else(|| panic!("no node {node}"));
+    pub async fn restart_kubelet(&mut self, node: &str) {
+        let slot = self.slot_mut(node);
         let hollow = slot.hollow.as_ref().expect("the kubelet runs");
         hollow
             .restart_kubelet()
