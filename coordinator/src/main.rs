@@ -168,6 +168,10 @@ struct ReplayArgs {
     /// Write the plot as SVG.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Also say why each job waited, cycle by cycle, in the words of the pod's Unschedulable
+    /// message in a cluster; list every eviction and parent queues' shares.
+    #[arg(long)]
+    explain: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -450,7 +454,13 @@ fn sample_cmd() -> anyhow::Result<()> {
 
 fn replay_cmd(r: &ReplayArgs) -> anyhow::Result<()> {
     let policy: Policy = r.policy.parse()?;
-    let text = sample::run_workload(&r.workload, policy, r.json.as_deref(), r.plot.as_deref())?;
+    let text = sample::run_workload(
+        &r.workload,
+        policy,
+        r.json.as_deref(),
+        r.plot.as_deref(),
+        r.explain,
+    )?;
     print!("{text}");
     Ok(())
 }

@@ -1,17 +1,16 @@
 //! The agent service over real gRPC on loopback TCP: a scripted agent says Hello, reports
 //! occupancy and health, and the registry follows; protocol negotiation; TokenReview
-//! authentication against the dev cluster's API server.
+//! authentication against a real kube-apiserver (hack/k8s) with tokens its issuer minted.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tessera_coordinator::agents::{
-    self, AgentRegistry, Authenticator, DEFAULT_AGENT_USER, ServiceOptions,
-};
-use tessera_devcluster::apiserver::{ApiServer, ApiServerConfig, ApiServerHandle, Token};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, PostParams};
+use tessera_coordinator::agents::{self, AgentRegistry, Authenticator, ServiceOptions};
 use tessera_proto::tessera::v1 as pb;
 use tessera_proto::tessera::v1::agent_service_client::AgentServiceClient;
+use tessera_testcluster::{Cluster, ClusterOptions, pod_bound_token};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Status, Streaming};
@@ -497,48 +496,59 @@ async fn a_silent_agent_is_disconnected() {
 
 // ------------------------------------------------------------------ TokenReview
 
-const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
-
-fn sa_token(token: &str, user: &str, node: Option<&str>) -> Token {
-    Token {
-        token: token.into(),
-        user: user.into(),
-        groups: vec!["system:serviceaccounts".into()],
-        extra: node
-            .map(|n| BTreeMap::from([(NODE_NAME_EXTRA.to_string(), vec![n.to_string()])]))
-            .unwrap_or_default(),
-    }
+/// A real API server with node-a, and tokens as the real token issuer mints them: the
+/// agent's ServiceAccount bound to an agent pod on node-a (so TokenReview says node-a), the
+/// same account unbound, and another account's pod-bound token.
+struct Tokens {
+    node_a: String,
+    unbound: String,
+    someone: String,
 }
 
-async fn api_server() -> (ApiServerHandle, kube::Client) {
-    let server = ApiServer::start(ApiServerConfig {
-        tokens: vec![
-            sa_token("token-node-a", DEFAULT_AGENT_USER, Some("node-a")),
-            sa_token("token-unbound", DEFAULT_AGENT_USER, None),
-            sa_token(
-                "token-someone",
-                "system:serviceaccount:default:builder",
-                Some("node-a"),
-            ),
-        ],
-        ..ApiServerConfig::default()
-    })
-    .await
+async fn api_server() -> (Cluster, kube::Client, Tokens) {
+    let server = Cluster::start(ClusterOptions::default());
+    let client = server.admin().await;
+    // The agent ServiceAccount and a builder account, created by the credentials helper.
+    let unbound = server.token("tessera-system", "tessera-agent", &[]);
+    let _ = server.token("default", "builder", &[]);
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}}))
     .unwrap();
-    let config = tessera_devcluster::kubeconfig::client_config(&server.url(), None).unwrap();
-    let client = kube::Client::try_from(config).unwrap();
-    (server, client)
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+    for (ns, sa, pod) in [
+        ("tessera-system", "tessera-agent", "agent-a"),
+        ("default", "builder", "builder-a"),
+    ] {
+        let p: Pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod, "namespace": ns},
+            "spec": {"nodeName": "node-a", "serviceAccountName": sa,
+                     "containers": [{"name": "main", "image": "agent"}]},
+        }))
+        .unwrap();
+        Api::<Pod>::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &p)
+            .await
+            .unwrap();
+    }
+    let tokens = Tokens {
+        node_a: pod_bound_token(&client, "tessera-system", "tessera-agent", "agent-a", &[]).await,
+        unbound,
+        someone: pod_bound_token(&client, "default", "builder", "builder-a", &[]).await,
+    };
+    (server, client, tokens)
 }
 
 #[tokio::test]
 async fn tokenreview_admits_an_agent_only_for_its_own_node() {
-    let (api, client) = api_server().await;
+    let (api, client, tokens) = api_server().await;
     let service = Service::start(Authenticator::token_review(client, Vec::new()), SLOW_BEAT).await;
     let hello_a = || hello("node-a", pb::PROTOCOL_VERSION);
 
     // The node's own token: welcomed, twice (the second from the cache).
     for _ in 0..2 {
-        let mut agent = FakeAgent::connect(service.addr, Some("token-node-a"), hello_a())
+        let mut agent = FakeAgent::connect(service.addr, Some(tokens.node_a.as_str()), hello_a())
             .await
             .unwrap();
         agent.expect_welcome().await;
@@ -564,7 +574,7 @@ async fn tokenreview_admits_an_agent_only_for_its_own_node() {
     assert!(status.message().contains("Bearer"), "{}", status.message());
 
     // A valid token of a user that is not the agent: denied.
-    let status = FakeAgent::connect(service.addr, Some("token-someone"), hello_a())
+    let status = FakeAgent::connect(service.addr, Some(tokens.someone.as_str()), hello_a())
         .await
         .err()
         .expect("another user's token must be refused");
@@ -574,7 +584,7 @@ async fn tokenreview_admits_an_agent_only_for_its_own_node() {
     // node-a's token reporting as node-b: denied once Hello names node-b.
     let mut agent = FakeAgent::connect(
         service.addr,
-        Some("token-node-a"),
+        Some(tokens.node_a.as_str()),
         hello("node-b", pb::PROTOCOL_VERSION),
     )
     .await
@@ -589,7 +599,8 @@ async fn tokenreview_admits_an_agent_only_for_its_own_node() {
     assert!(service.registry.get("node-b").is_none());
 
     // A token without a node binding cannot prove which node it reports for.
-    let mut agent = FakeAgent::connect(service.addr, Some("token-unbound"), hello_a()).await;
+    let mut agent =
+        FakeAgent::connect(service.addr, Some(tokens.unbound.as_str()), hello_a()).await;
     let status = match &mut agent {
         Err(status) => status.clone(),
         Ok(agent) => agent.next().await.unwrap_err(),
@@ -602,5 +613,5 @@ async fn tokenreview_admits_an_agent_only_for_its_own_node() {
     );
 
     service.shutdown().await;
-    api.shutdown().await;
+    drop(api);
 }

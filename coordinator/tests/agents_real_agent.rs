@@ -1,13 +1,14 @@
 //! The node agent's own reporting client (`tessera_agent::report`) against the
-//! coordinator's agent service, with TokenReview authentication through the dev
-//! cluster: the real inventory (simulated A100 machine with NVLink pairs and a MIG GPU)
+//! coordinator's agent service, with TokenReview authentication through a real
+//! kube-apiserver (hack/k8s) and tokens its issuer bound to agent pods: the real inventory (simulated A100 machine with NVLink pairs and a MIG GPU)
 //! lands in the registry, health follows an XID, and a token of another node is refused.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::{Node as KubeNode, Pod};
+use kube::api::{Api, PostParams};
 use tessera_agent::assignments::NoAssignments;
 use tessera_agent::enforce::usage::{PodMeter, ProcessAttribution};
 use tessera_agent::gpu::XidEvent;
@@ -15,21 +16,35 @@ use tessera_agent::gpu::sim::SimBackend;
 use tessera_agent::ledger::Ledger;
 use tessera_agent::node::{Node, NodeOptions};
 use tessera_coordinator::agents::{self, AgentRegistry, Authenticator, DEFAULT_AGENT_USER};
-use tessera_devcluster::apiserver::{ApiServer, ApiServerConfig, Token};
+use tessera_testcluster::{Cluster, ClusterOptions, pod_bound_token};
 use tokio::sync::watch;
 
 const WAIT: Duration = Duration::from_secs(30);
 
-fn token(token: &str, node: &str) -> Token {
-    Token {
-        token: token.into(),
-        user: DEFAULT_AGENT_USER.into(),
-        groups: vec!["system:serviceaccounts".into()],
-        extra: BTreeMap::from([(
-            "authentication.kubernetes.io/node-name".to_string(),
-            vec![node.to_string()],
-        )]),
-    }
+/// The agent ServiceAccount's token as the kubelet projects it into the agent pod on `node`
+/// (the real issuer binds it to the pod, so TokenReview names the node).
+async fn agent_token(cluster: &Cluster, client: &kube::Client, node: &str) -> String {
+    let _ = cluster.token("tessera-system", "tessera-agent", &[]);
+    let n: KubeNode = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}))
+    .unwrap();
+    Api::<KubeNode>::all(client.clone())
+        .create(&PostParams::default(), &n)
+        .await
+        .unwrap();
+    let pod = format!("agent-{node}");
+    let p: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod, "namespace": "tessera-system"},
+        "spec": {"nodeName": node, "serviceAccountName": "tessera-agent",
+                 "containers": [{"name": "agent", "image": "tessera-agent"}]},
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(client.clone(), "tessera-system")
+        .create(&PostParams::default(), &p)
+        .await
+        .unwrap();
+    pod_bound_token(client, "tessera-system", "tessera-agent", &pod, &[]).await
 }
 
 fn agent_node(dir: &Path) -> Arc<Node> {
@@ -52,16 +67,10 @@ async fn wait_for(registry: &AgentRegistry, what: &str, f: impl Fn(&AgentRegistr
 
 #[tokio::test]
 async fn the_real_agent_reports_with_its_token_and_only_for_its_node() {
-    let api = ApiServer::start(ApiServerConfig {
-        tokens: vec![token("token-a", "node-a"), token("token-b", "node-b")],
-        ..ApiServerConfig::default()
-    })
-    .await
-    .unwrap();
-    let client = kube::Client::try_from(
-        tessera_devcluster::kubeconfig::client_config(&api.url(), None).unwrap(),
-    )
-    .unwrap();
+    let api = Cluster::start(ClusterOptions::default());
+    let client = api.admin().await;
+    let token_a = agent_token(&api, &client, "node-a").await;
+    let token_b = agent_token(&api, &client, "node-b").await;
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
@@ -75,8 +84,8 @@ async fn the_real_agent_reports_with_its_token_and_only_for_its_node() {
     ));
 
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("token-a"), "token-a\n").unwrap();
-    std::fs::write(dir.path().join("token-b"), "token-b").unwrap();
+    std::fs::write(dir.path().join("token-a"), format!("{token_a}\n")).unwrap();
+    std::fs::write(dir.path().join("token-b"), &token_b).unwrap();
     let meter = || {
         PodMeter::new(
             ProcessAttribution::new(dir.path().join("proc")),
@@ -173,5 +182,5 @@ async fn the_real_agent_reports_with_its_token_and_only_for_its_node() {
         .unwrap()
         .unwrap()
         .unwrap();
-    api.shutdown().await;
+    drop(api);
 }

@@ -1,6 +1,8 @@
-//! The coordinator's runtime against the development API server over real HTTP: plain Node
-//! objects, agents simulated through the registry (inventory as an agent would send it), and a
-//! stand-in for the agents' `tessera.dev/allocated` mark where a test needs it.
+//! The coordinator's runtime against a real kube-apiserver (hack/k8s): kubelet-lite nodes with
+//! `nvidia.com/gpu` as plain capacity (no device plugin), agents simulated through the registry
+//! (inventory as an agent would send it), and a stand-in for the agents' `tessera.dev/allocated`
+//! mark where a test needs it. The nodes' kubelets end deleted pods, as real ones do, so an
+//! eviction completes.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -9,7 +11,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::client::Body;
@@ -21,16 +23,16 @@ use tessera_coordinator::cluster::{
 };
 use tessera_coordinator::crd::{GpuQuota, Queue, QueueSpec};
 use tessera_coordinator::model::Assignment;
-use tessera_devcluster::apiserver::{ApiServer, ApiServerConfig, ApiServerHandle};
-use tessera_devcluster::kubeconfig;
 use tessera_proto::tessera::v1 as pb;
+use tessera_testcluster::{Cluster, ClusterOptions, LiteNode, NodeOptions};
 use tokio::sync::mpsc;
 
 /// Generous bound for anything eventually true (the CI machine is slow).
 const WAIT: Duration = Duration::from_secs(30);
 
 struct Env {
-    server: ApiServerHandle,
+    server: Cluster,
+    nodes: Vec<LiteNode>,
     client: kube::Client,
     registry: AgentRegistry,
     /// Keeps the simulated agents' outbound queues open.
@@ -38,36 +40,41 @@ struct Env {
 }
 
 async fn env() -> Env {
-    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
-    let client = client_for(&server);
+    let server = Cluster::start(ClusterOptions {
+        controllers: Some("serviceaccount-controller".into()),
+        audit: true,
+        ..ClusterOptions::default()
+    });
+    let client = server.admin().await;
+    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(client.clone(), "default");
+    eventually("the default ServiceAccount", || async {
+        sas.get("default").await.ok().map(|_| ())
+    })
+    .await;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for (_, crd) in tessera_coordinator::crd::all() {
         crds.create(&PostParams::default(), &crd).await.unwrap();
     }
     Env {
         server,
+        nodes: Vec::new(),
         client,
         registry: AgentRegistry::new(),
         _outbound: Vec::new(),
     }
 }
 
-fn client_for(server: &ApiServerHandle) -> kube::Client {
-    kube::Client::try_from(kubeconfig::client_config(&server.url(), None).unwrap()).unwrap()
-}
-
 impl Env {
     /// A Ready node with `gpus` GPUs and an agent (simulated) reporting them.
     async fn node(&mut self, name: &str, gpus: u32) {
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        let capacity = json!({"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": (gpus * 10).to_string()});
-        let node: Node = serde_json::from_value(json!({
-            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-            "status": {"capacity": capacity, "allocatable": capacity,
-                       "conditions": [{"type": "Ready", "status": "True"}]},
-        }))
-        .unwrap();
-        nodes.create(&PostParams::default(), &node).await.unwrap();
+        let mut options = NodeOptions::new(name);
+        options.capacity = BTreeMap::from([
+            ("cpu".to_owned(), "64".to_owned()),
+            ("memory".to_owned(), "512Gi".to_owned()),
+            ("nvidia.com/gpu".to_owned(), (gpus * 10).to_string()),
+        ]);
+        self.nodes.push(LiteNode::start(&self.server, options));
         let inventory = pb::NodeInventory {
             node_name: name.into(),
             agent_version: "test".into(),
@@ -324,7 +331,7 @@ async fn pods_are_bound_with_assignments_and_events() {
     );
     assert!(coordinator.is_leader());
     coordinator.shutdown().await;
-    env.server.shutdown().await;
+    drop(env);
 }
 
 /// A client in front of the real one that answers `POST .../pods/<name>/binding` with 500 for
@@ -422,7 +429,7 @@ async fn a_gang_with_a_rejected_bind_is_not_left_partial() {
         }
     }
     coordinator.shutdown().await;
-    env.server.shutdown().await;
+    drop(env);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -466,7 +473,7 @@ async fn unschedulable_condition_changes_only_with_its_message() {
     assert!(!second.is_empty());
     assert_eq!(failed(env.events_for("big").await), 2);
     coordinator.shutdown().await;
-    env.server.shutdown().await;
+    drop(env);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -506,7 +513,7 @@ async fn a_bad_annotation_is_named_and_nothing_else_is_affected() {
     assert_eq!(event.type_.as_deref(), Some("Warning"));
     assert!(node_of(&env.get("bad").await.unwrap()).is_none());
     coordinator.shutdown().await;
-    env.server.shutdown().await;
+    drop(env);
 }
 
 async fn queue(client: &kube::Client, name: &str, gpus: f64) {
@@ -580,7 +587,7 @@ async fn reclaim_evicts_with_an_event_and_places_the_reclaimer() {
         }
     }
     coordinator.shutdown().await;
-    env.server.shutdown().await;
+    drop(env);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -608,7 +615,7 @@ async fn pods_with_the_same_gpu_count_bind_one_at_a_time_per_node() {
     let second = bound(&env, "one-b").await;
     assert_ne!(assignment_of(&first), assignment_of(&second));
     coordinator.shutdown().await;
-    env.server.shutdown().await;
+    drop(env);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -616,7 +623,6 @@ async fn a_new_leader_rebuilds_from_the_api_without_binding_twice() {
     let mut env = env().await;
     env.node("n1", 4).await;
     env.node("n2", 4).await;
-    env.server.audit().enable();
     let first = env.start("c1").await;
     let _agent = env.allocate_bound_pods();
     for i in 0..2 {
@@ -676,18 +682,25 @@ async fn a_new_leader_rebuilds_from_the_api_without_binding_twice() {
             );
         }
     }
+    // The real server refuses a second bind (409); the coordinator must not even try one.
     let binds = env
         .server
         .audit()
-        .records()
         .into_iter()
-        .filter(|r| r.subresource.as_deref() == Some("binding") && r.status < 300)
-        .fold(BTreeMap::<String, u32>::new(), |mut m, r| {
-            *m.entry(r.name.unwrap_or_default()).or_default() += 1;
+        .filter(|r| r.verb == "create" && r.subresource.as_deref() == Some("binding"))
+        .fold(BTreeMap::<String, Vec<u16>>::new(), |mut m, r| {
+            m.entry(r.name.unwrap_or_default())
+                .or_default()
+                .push(r.code);
             m
         });
-    assert!(binds.values().all(|n| *n == 1), "{binds:?}");
+    assert!(
+        binds
+            .values()
+            .all(|codes| codes.len() == 1 && codes[0] < 300),
+        "{binds:?}"
+    );
     assert_eq!(binds.len(), 3, "{binds:?}");
     second.shutdown().await;
-    env.server.shutdown().await;
+    drop(env);
 }

@@ -1,6 +1,6 @@
 //! The generated CRDs: `deploy/crds/` is up to date, the schemas carry the server-side checks,
-//! and the files apply to the development cluster's API server, which then serves each kind to
-//! kube-rs `Api<T>`.
+//! and the files are accepted by the real apiextensions server (structural schemas, CEL rules,
+//! status subresource), which then serves each kind to kube-rs `Api<T>`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -9,8 +9,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tessera_coordinator::crd::{self, PodGroup, Queue, Topology};
-use tessera_devcluster::apiserver::{ApiServer, ApiServerConfig};
-use tessera_devcluster::kubeconfig;
+use tessera_testcluster::{Cluster, ClusterOptions};
 
 const REGENERATE: &str = "cargo run -p tessera-coordinator -- crds --out deploy/crds";
 
@@ -76,12 +75,9 @@ fn schemas_carry_names_columns_and_server_side_checks() {
 /// Applies the files in deploy/crds, then creates, lists and status-patches one object of each
 /// kind through typed `Api<T>`.
 #[tokio::test]
-async fn crds_apply_to_the_dev_cluster() {
-    let server = ApiServer::start(ApiServerConfig::default())
-        .await
-        .expect("server starts");
-    let config = kubeconfig::client_config(&server.url(), None).expect("client config");
-    let client = kube::Client::try_from(config).expect("client");
+async fn crds_are_accepted_by_the_real_apiextensions_server() {
+    let server = Cluster::start(ClusterOptions::default());
+    let client = server.admin().await;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for name in ["queues.yaml", "podgroups.yaml", "topologies.yaml"] {
         let text = std::fs::read_to_string(crd_dir().join(name)).expect("CRD file exists");
@@ -90,8 +86,36 @@ async fn crds_apply_to_the_dev_cluster() {
             .await
             .unwrap_or_else(|e| panic!("{name} applies: {e}"));
     }
-    // Discovery may lag creation by a moment on a real server; poll with a generous deadline.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    // The server accepts a CRD whose schema is structural and then marks it Established; a
+    // non-structural schema would show NonStructuralSchema instead and never serve.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    for name in [
+        "queues.tessera.dev",
+        "podgroups.tessera.dev",
+        "topologies.tessera.dev",
+    ] {
+        loop {
+            let crd = crds.get(name).await.expect("CRD exists");
+            let conditions = crd.status.and_then(|s| s.conditions).unwrap_or_default();
+            assert!(
+                !conditions
+                    .iter()
+                    .any(|c| c.type_ == "NonStructuralSchema" && c.status == "True"),
+                "{name}: the server found the schema not structural: {conditions:?}"
+            );
+            if conditions
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+            {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{name} never became Established: {conditions:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
     let queues: Api<Queue> = Api::all(client.clone());
     while queues.list(&ListParams::default()).await.is_err() {
         assert!(
@@ -155,6 +179,41 @@ spec: {minMember: 4, maxMember: 8, queue: team-a, topology: {required: rack}}
         .unwrap();
     assert_eq!(patched.status.unwrap().running, 4);
 
+    // The status subresource splits the object: a status write leaves the spec alone.
+    let spec_via_status = groups
+        .patch_status(
+            "train",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"minMember": 1}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        spec_via_status.spec.min_member, 4,
+        "the status subresource changed the spec"
+    );
+
+    // The CEL rule in the schema is enforced by the server, with its message.
+    let bad: PodGroup = serde_yaml_ng::from_str(
+        r#"
+apiVersion: tessera.dev/v1alpha1
+kind: PodGroup
+metadata: {name: bad, namespace: default}
+spec: {minMember: 4, maxMember: 2}
+"#,
+    )
+    .expect("bad group parses");
+    let refused = groups
+        .create(&PostParams::default(), &bad)
+        .await
+        .expect_err("maxMember < minMember must be refused by the server");
+    assert!(
+        refused
+            .to_string()
+            .contains("maxMember must be at least minMember"),
+        "{refused}"
+    );
+
     let topologies: Api<Topology> = Api::all(client.clone());
     let t: Topology = serde_yaml_ng::from_str(
         r#"
@@ -173,5 +232,5 @@ spec:
     let listed = topologies.list(&ListParams::default()).await.unwrap();
     assert_eq!(listed.items.len(), 1);
     assert_eq!(listed.items[0].spec.levels[1].name, "rack");
-    server.shutdown().await;
+    drop(server);
 }

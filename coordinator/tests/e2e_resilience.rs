@@ -1,4 +1,4 @@
-//! End to end on the development cluster when something dies: the leading coordinator, a
+//! End to end on real Kubernetes (hack/k8s) when something dies: the leading coordinator, a
 //! node's agent, a node's kubelet. Each time the pods in flight end up running exactly once
 //! with exactly their assignment, and what already ran keeps its GPUs.
 
@@ -178,12 +178,56 @@ async fn kubelet_restart_in_the_middle_of_allocations_loses_nothing() {
     .await;
     e2e.restart_kubelet("node-a").await;
 
-    let second_pods = e2e.wait_running(&second).await;
-    let all: Vec<Pod> = first_pods.iter().chain(&second_pods).cloned().collect();
-    for p in &all {
+    // The real kubelet admits the pods bound to it as soon as it is back, and its device
+    // manager refuses every device-plugin resource until the plugin has registered again
+    // ("no healthy devices present"): pods it admits in that gap fail, as on a real node,
+    // and their controllers would create them again. What must hold: nothing that ran
+    // loses its GPUs, no pod runs on a GPU it was not assigned, a refused pod's share is
+    // given back, and its replacement runs.
+    let settled = e2e
+        .wait_until("the second wave to run or be refused by the restarted kubelet", || async {
+            let mut out = Vec::new();
+            for name in &second {
+                let pod = e2e.pods().get(name).await.ok()?;
+                let status = pod.status.clone().unwrap_or_default();
+                match status.phase.as_deref() {
+                    Some("Running") => out.push((pod, true)),
+                    Some("Failed") => {
+                        let message = status.message.unwrap_or_default();
+                        assert!(
+                            message.contains("no healthy devices present"),
+                            "pod {name} failed for another reason than the restart gap: {message}"
+                        );
+                        out.push((pod, false));
+                    }
+                    _ => return None,
+                }
+            }
+            Some(out)
+        })
+        .await;
+    let mut running: Vec<Pod> = first_pods.clone();
+    let mut replacements = Vec::new();
+    for (pod_seen, ran) in settled {
+        let name = pod_seen.metadata.name.clone().unwrap_or_default();
+        if ran {
+            running.push(pod_seen);
+            continue;
+        }
+        let again = format!("{name}-again");
+        let builder = match name.as_str() {
+            "whole-2" => pod(&again).gpus(2),
+            "half-2" => pod(&again).fraction("0.5"),
+            _ => pod(&again).fraction("0.25"),
+        };
+        e2e.create(builder).await;
+        replacements.push(again);
+    }
+    running.extend(e2e.wait_running(&replacements).await);
+    for p in &running {
         e2e.assert_got_assignment(p);
     }
-    assert_ledger_holds(&e2e, "node-a", &all);
+    assert_ledger_holds(&e2e, "node-a", &running);
     e2e.assert_bound_at_most_once();
     e2e.create(pod("after").fraction("0.25")).await;
     let after = e2e.wait_running(&["after".to_string()]).await;

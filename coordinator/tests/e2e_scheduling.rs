@@ -1,4 +1,4 @@
-//! End to end on the development cluster: a real coordinator schedules for hollow nodes whose
+//! End to end on real Kubernetes (hack/k8s): a real coordinator schedules for kubelet-lite nodes whose
 //! device plugin is a real agent, and each container gets exactly what the coordinator
 //! decided. Gangs, GPU fractions, reclaim between queues and bad input.
 
@@ -220,6 +220,63 @@ async fn bad_fraction_stays_pending_naming_the_field_and_nothing_else_is_affecte
     e2e.create(pod("later").fraction("0.25")).await;
     let later = e2e.wait_running(&["later".to_string()]).await;
     e2e.assert_got_assignment(&later[0]);
+    e2e.shutdown().await;
+}
+
+/// The coordinator writes its `PodScheduled` condition as a strategic-merge patch keyed by
+/// condition type, so the real API server keeps every condition another writer set (a
+/// readiness-gate controller, the kubelet) instead of replacing the list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unschedulable_condition_keeps_the_conditions_other_writers_set() {
+    let e2e = E2e::start(Setup::one_gpu()).await;
+    e2e.create(pod("bad").fraction("1.5")).await;
+    let first = e2e.wait_unschedulable("bad").await;
+    assert!(first.contains("1.5"), "{first:?}");
+
+    let pods = e2e.pods();
+    let other = serde_json::json!({"status": {"conditions": [{
+        "type": "example.com/Reviewed", "status": "True", "reason": "Test",
+        "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+    pods.patch_status(
+        "bad",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Strategic(&other),
+    )
+    .await
+    .expect("another writer sets its condition");
+    // A new bad value makes the coordinator write a new message.
+    let annotation =
+        serde_json::json!({"metadata": {"annotations": {"tessera.dev/gpu-fraction": "2.5"}}});
+    pods.patch(
+        "bad",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&annotation),
+    )
+    .await
+    .expect("annotation updated");
+    let pod = e2e
+        .wait_until("the coordinator to rewrite its condition", || async {
+            let pod = pods.get("bad").await.ok()?;
+            let message = e2e::unschedulable_message(&pod)?;
+            message.contains("2.5").then_some(pod)
+        })
+        .await;
+    let types: Vec<String> = pod
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.type_)
+        .collect();
+    assert!(
+        types.iter().any(|t| t == "example.com/Reviewed"),
+        "the coordinator's status patch dropped another writer's condition: {types:?}"
+    );
+    assert_eq!(
+        types.iter().filter(|t| *t == "PodScheduled").count(),
+        1,
+        "{types:?}"
+    );
     e2e.shutdown().await;
 }
 

@@ -1,4 +1,4 @@
-//! Leader election against the dev cluster's API server over real HTTP: one leader among
+//! Leader election against a real kube-apiserver (hack/k8s): one leader among
 //! two candidates, takeover after the leader dies (lease expiry) and after it steps down
 //! (release), and never two leaders at once.
 
@@ -12,16 +12,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::PostParams;
 use tessera_coordinator::cluster::leader::{LeaderElector, LeaseConfig};
-use tessera_devcluster::apiserver::{ApiServer, ApiServerConfig, ApiServerHandle};
+use tessera_testcluster::{Cluster, ClusterOptions};
 use tokio::sync::watch;
 
 /// Deadline for "eventually" conditions.
 const WAIT: Duration = Duration::from_secs(30);
 
-async fn api_server() -> (ApiServerHandle, kube::Client) {
-    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
-    let config = tessera_devcluster::kubeconfig::client_config(&server.url(), None).unwrap();
-    let client = kube::Client::try_from(config).unwrap();
+async fn api_server() -> (Cluster, kube::Client) {
+    let server = Cluster::start(ClusterOptions::default());
+    let client = server.admin().await;
     // The Lease lives in the coordinator's namespace, which the deployment creates.
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let namespace = Namespace {
@@ -137,7 +136,7 @@ async fn one_leader_among_two_and_the_standby_takes_over_after_a_crash() {
     );
     monitor.assert_never_two();
     b.release().await;
-    server.shutdown().await;
+    drop(server);
 }
 
 #[tokio::test]
@@ -166,7 +165,7 @@ async fn a_graceful_release_hands_over_without_waiting_for_expiry() {
     // The last replica releases too: nobody holds the lease.
     b.release().await;
     assert_eq!(holder(&client, "release").await.0, None);
-    server.shutdown().await;
+    drop(server);
 }
 
 #[tokio::test]
@@ -194,7 +193,7 @@ async fn racing_candidates_elect_exactly_one() {
     monitor.assert_never_two();
     a.release().await;
     b.release().await;
-    server.shutdown().await;
+    drop(server);
 }
 
 #[test]

@@ -224,3 +224,63 @@ fn replay_writes_outputs_and_rejects_bad_files() {
     assert!(!o.status.success());
     assert!(err.contains("jobs[0] (z).fraction"), "{err}");
 }
+
+#[test]
+fn replay_explain_says_why_each_job_waited_and_what_parents_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    // x (not preemptible) fills the node; y waits for it to finish.
+    let w = write(
+        dir.path(),
+        "w.yaml",
+        "nodes:\n  - {shape: l40s-4x-pcie, count: 1}\nqueues:\n  - {name: org, gpu: {quota: 4}}\n  - {name: a, parent: org, gpu: {quota: 2}}\n  - {name: b, parent: org, gpu: {quota: 2}}\n\
+         jobs:\n  - {name: x, queue: a, duration: 100, replicas: 4, gpus: 1, priority: 150}\n  - {name: y, queue: b, arrival: 10, duration: 50, gpus: 2}\n",
+    );
+    let json = dir.path().join("r.json");
+    let o = run(&[
+        "simulate",
+        "replay",
+        "--workload",
+        &w,
+        "--explain",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("Why jobs waited"), "{out}");
+    assert!(out.contains("  y (b), arrived 10, started 100:"), "{out}");
+    assert!(out.contains("Parent queues over time"), "{out}");
+    // Nothing can be evicted (x is not preemptible), so the nodes are the whole reason.
+    let reason = "0/1 nodes: 1 too few free whole GPUs";
+    assert!(
+        out.contains(&format!("10 s, cycle 2: y-0: {reason}")),
+        "{out}"
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let y = doc["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["job"] == "y")
+        .unwrap();
+    let waits = y["waits"].as_array().unwrap();
+    assert_eq!(waits[0]["time"], 10, "{waits:?}");
+    assert!(
+        waits
+            .iter()
+            .all(|w| w["message"].as_str().unwrap().starts_with(reason))
+    );
+    for s in doc["shares"].as_array().unwrap() {
+        let pct = &s["gpu_pct"];
+        let (org, a, b) = (
+            pct["org"].as_f64().unwrap(),
+            pct["a"].as_f64().unwrap(),
+            pct["b"].as_f64().unwrap(),
+        );
+        assert!((org - a - b).abs() < 1e-9, "{s}");
+    }
+    // Without --explain the report stays short.
+    let o = run(&["simulate", "replay", "--workload", &w]);
+    assert!(!text(&o).0.contains("Why jobs waited"));
+}

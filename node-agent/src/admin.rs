@@ -81,12 +81,12 @@ pub struct GpuStatus {
     pub uuid: String,
     /// Model.
     pub model: String,
-    /// Memory in use (measured).
-    pub memory_used_mib: u64,
+    /// Memory in use (measured); `None` when the GPU cannot tell.
+    pub memory_used_mib: Option<u64>,
     /// Total memory.
     pub memory_total_mib: u64,
-    /// Utilisation, percent.
-    pub utilization_percent: u32,
+    /// Utilisation, percent; `None` where NVML does not support it (MIG parents).
+    pub utilization_percent: Option<u32>,
     /// Whether it is handed out.
     pub healthy: bool,
     /// The fatal XID, when unhealthy.
@@ -431,8 +431,14 @@ pub fn render_status(report: &StatusReport) -> String {
             g.index,
             short_uuid(&g.uuid),
             truncate(&g.model, 22),
-            format!("{}/{}", g.memory_used_mib, g.memory_total_mib),
-            g.utilization_percent,
+            format!(
+                "{}/{}",
+                g.memory_used_mib
+                    .map_or_else(|| "-".to_owned(), |m| m.to_string()),
+                g.memory_total_mib
+            ),
+            g.utilization_percent
+                .map_or_else(|| "-".to_owned(), |u| u.to_string()),
             health,
             shares,
             peers

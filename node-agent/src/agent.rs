@@ -217,6 +217,9 @@ impl Agent {
     }
 }
 
+/// How often GPU conditions (lost, NVSwitch fabric) are polled.
+const CONDITION_EVERY: Duration = Duration::from_secs(5);
+
 async fn run(
     config: AgentConfig,
     node: Arc<Node>,
@@ -248,7 +251,14 @@ async fn run(
         let node = Arc::clone(&node);
         let watching = Arc::clone(&watching);
         tokio::task::spawn_blocking(move || {
+            let mut checked = std::time::Instant::now();
             while watching.load(Ordering::Relaxed) {
+                // Lost GPUs and the NVSwitch fabric are polled: neither sends an event
+                // the agent can rely on.
+                if checked.elapsed() >= CONDITION_EVERY {
+                    node.refresh_conditions();
+                    checked = std::time::Instant::now();
+                }
                 match node.backend().wait_event(Duration::from_millis(200)) {
                     Ok(Some(event)) => {
                         node.on_xid(&event);

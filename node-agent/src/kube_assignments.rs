@@ -80,7 +80,11 @@ fn read_pod(pod: &Pod) -> Result<Option<Entry>, String> {
         return Ok(None);
     };
     let mut containers = Vec::new();
-    for c in &spec.containers {
+    // Init containers first, in order: the kubelet allocates them before the app containers
+    // (and hands their devices on to the app containers), so a request is matched to the
+    // first container, in that order, that has no allocation yet.
+    let init = spec.init_containers.iter().flatten();
+    for c in init.chain(spec.containers.iter()) {
         let limit = c
             .resources
             .as_ref()

@@ -64,15 +64,16 @@ impl Metrics {
                 ("model".into(), d.model.clone()),
             ];
             let sample = node.backend().sample(&d.uuid).unwrap_or_default();
-            memory_used
-                .get_or_create(&labels)
-                .set(sample.memory_used_mib as i64);
+            // An unknown reading is left out rather than exported as 0.
+            if let Some(used) = sample.memory_used_mib {
+                memory_used.get_or_create(&labels).set(used as i64);
+            }
             memory_total
                 .get_or_create(&labels)
                 .set(d.memory_total_mib as i64);
-            utilization
-                .get_or_create(&labels)
-                .set(i64::from(sample.utilization_percent));
+            if let Some(percent) = sample.utilization_percent {
+                utilization.get_or_create(&labels).set(i64::from(percent));
+            }
             healthy
                 .get_or_create(&labels)
                 .set(i64::from(node.health(&d.uuid).healthy));

@@ -9,16 +9,32 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tessera_device_plugin::{Device, DeviceList, Health};
 
-use crate::gpu::{GpuBackend, GpuDevice, GpuError, XidEvent};
+use crate::gpu::{GpuBackend, GpuCondition, GpuDevice, GpuError, XidEvent, resource_profile};
 use crate::ledger::Ledger;
 use crate::topology::Topology;
 
 /// The resource whole and shared GPUs are advertised as.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 
-/// The resource of MIG devices with `profile`.
+/// The resource of MIG devices with `profile`, named as NVIDIA's device plugin names it
+/// (`1g.10gb+me` → `nvidia.com/mig-1g.10gb.me`).
 pub fn mig_resource(profile: &str) -> String {
-    format!("nvidia.com/mig-{profile}")
+    format!("nvidia.com/mig-{}", resource_profile(profile))
+}
+
+impl NodeOptions {
+    /// Refuses combinations that cannot work: MIG instances created during Allocate
+    /// (`--mig-create`) exist in no CDI spec, so a CDI name for one would fail at
+    /// container creation.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.cdi && self.mig_slots {
+            return Err(
+                "--cdi with --mig-create: MIG instances the agent creates during Allocate are in                  no CDI spec (nvidia-ctk generates specs for the instances that exist when it runs),                  so their CDI names would fail at container creation; use NVIDIA_VISIBLE_DEVICES                  (drop --cdi) with --mig-create, or pre-create the instances and regenerate the                  CDI spec"
+                    .to_owned(),
+            );
+        }
+        Ok(())
+    }
 }
 
 /// Settings that shape what is advertised and answered.
@@ -44,12 +60,25 @@ impl Default for NodeOptions {
 }
 
 /// Health of one GPU.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuHealth {
     /// Whether the GPU may be handed out.
     pub healthy: bool,
     /// The fatal XID that made it unhealthy.
     pub xid: Option<u64>,
+    /// Why it is unhealthy apart from an XID: lost, inventory fault, fabric not ready.
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+impl GpuHealth {
+    fn from_parts(xid: Option<u64>, reason: Option<String>) -> Self {
+        Self {
+            healthy: xid.is_none() && reason.is_none(),
+            xid,
+            reason,
+        }
+    }
 }
 
 /// The node.
@@ -59,6 +88,8 @@ pub struct Node {
     topology: Topology,
     options: NodeOptions,
     health: Mutex<HashMap<String, GpuHealth>>,
+    /// MIG devices made unhealthy by their own fatal XIDs.
+    bad_mig: Mutex<std::collections::HashSet<String>>,
     /// Who holds what; also the checkpoint.
     pub ledger: Mutex<Ledger>,
     /// Event metrics (Allocate latency).
@@ -76,24 +107,29 @@ impl Node {
         ledger: Ledger,
         options: NodeOptions,
     ) -> Result<Self, GpuError> {
+        options.validate().map_err(GpuError::Config)?;
         let devices = backend.devices()?;
         let topology = Topology::discover(backend.as_ref(), &devices)?;
         let health = devices
             .iter()
             .map(|d| {
-                (
-                    d.uuid.clone(),
-                    GpuHealth {
-                        healthy: true,
-                        xid: None,
-                    },
-                )
+                let reason = d
+                    .fault
+                    .clone()
+                    .or_else(|| unready(backend.condition(&d.uuid)));
+                if let Some(reason) = &reason {
+                    tracing::warn!(gpu = %d.uuid, index = d.index, %reason, "GPU starts unhealthy");
+                }
+                (d.uuid.clone(), GpuHealth::from_parts(None, reason))
             })
             .collect();
         let mut mig: BTreeMap<String, Vec<Device>> = BTreeMap::new();
         for d in &devices {
             for m in d.mig.iter().flatten() {
                 let mut dev = Device::healthy(m.uuid.clone());
+                if d.fault.is_some() {
+                    dev.health = Health::Unhealthy;
+                }
                 dev.numa_node = d.numa_node.map(i64::from);
                 mig.entry(m.profile.clone()).or_default().push(dev);
             }
@@ -109,6 +145,7 @@ impl Node {
             topology,
             options,
             health: Mutex::new(health),
+            bad_mig: Mutex::new(Default::default()),
             ledger: Mutex::new(ledger),
             metrics: crate::metrics::Metrics::default(),
             changed: tokio::sync::watch::Sender::new(0),
@@ -216,11 +253,73 @@ impl Node {
 
     /// Health of GPU `uuid` (unknown GPUs count as unhealthy).
     pub fn health(&self, uuid: &str) -> GpuHealth {
-        self.health.lock().get(uuid).copied().unwrap_or_default()
+        self.health.lock().get(uuid).cloned().unwrap_or_default()
     }
 
-    /// Applies an XID event: a fatal one makes the GPU (or the GPU owning the MIG
-    /// device) and all its slots / MIG devices unhealthy at once. Returns whether
+    /// Asks the backend for every GPU's condition (lost, fabric) and applies changes:
+    /// a GPU goes unhealthy while its condition holds and comes back when it clears
+    /// (unless a fatal XID or an inventory fault keeps it down). Returns whether
+    /// anything changed.
+    pub fn refresh_conditions(&self) -> bool {
+        let mut changed = false;
+        for d in &self.devices {
+            let reason = d
+                .fault
+                .clone()
+                .or_else(|| unready(self.backend.condition(&d.uuid)));
+            let now = {
+                let mut health = self.health.lock();
+                let entry = health.entry(d.uuid.clone()).or_default();
+                if entry.reason == reason
+                    && entry.healthy == (entry.xid.is_none() && reason.is_none())
+                {
+                    continue;
+                }
+                *entry = GpuHealth::from_parts(entry.xid, reason);
+                entry.clone()
+            };
+            match &now.reason {
+                Some(reason) => {
+                    tracing::warn!(gpu = %d.uuid, index = d.index, %reason, "GPU marked unhealthy")
+                }
+                None => {
+                    tracing::info!(gpu = %d.uuid, index = d.index, healthy = now.healthy, "GPU condition cleared")
+                }
+            }
+            self.set_gpu_health(d, now.healthy);
+            changed = true;
+        }
+        if changed {
+            self.bump();
+        }
+        changed
+    }
+
+    fn set_gpu_health(&self, gpu: &GpuDevice, healthy: bool) {
+        let state = if healthy {
+            Health::Healthy
+        } else {
+            Health::Unhealthy
+        };
+        let prefix = format!("{}-", gpu.uuid);
+        self.gpu_list
+            .set_health_where(|id| id.starts_with(&prefix), state);
+        let bad_mig = self.bad_mig.lock();
+        for m in gpu.mig.iter().flatten() {
+            if let Some(list) = self.mig_lists.get(&m.profile) {
+                let own = if bad_mig.contains(&m.uuid) {
+                    Health::Unhealthy
+                } else {
+                    state
+                };
+                list.set_health(&m.uuid, own);
+            }
+        }
+    }
+
+    /// Applies an XID event: a fatal one on a GPU makes it and all its slots and MIG
+    /// devices unhealthy at once; a fatal one in a MIG instance makes that instance
+    /// unhealthy, not its GPU (the driver isolates MIG instances). Returns whether
     /// anything changed.
     pub fn on_xid(&self, event: &XidEvent) -> bool {
         if !event.is_fatal() {
@@ -230,7 +329,17 @@ impl Node {
         let gpu = match self.device(&event.uuid) {
             Some(d) => d,
             None => match self.mig_device(&event.uuid) {
-                Some((d, _)) => d,
+                Some((d, m)) => {
+                    if !self.bad_mig.lock().insert(m.uuid.clone()) {
+                        return false;
+                    }
+                    tracing::warn!(gpu = %d.uuid, mig = %m.uuid, xid = event.xid, "fatal XID in a MIG instance: that instance marked unhealthy");
+                    if let Some(list) = self.mig_lists.get(&m.profile) {
+                        list.set_health(&m.uuid, Health::Unhealthy);
+                    }
+                    self.bump();
+                    return true;
+                }
                 None => {
                     tracing::warn!(gpu = %event.uuid, xid = event.xid, "XID on an unknown device");
                     return false;
@@ -240,25 +349,32 @@ impl Node {
         {
             let mut health = self.health.lock();
             let entry = health.entry(gpu.uuid.clone()).or_default();
-            if !entry.healthy {
+            if entry.xid.is_some() {
                 return false;
             }
-            *entry = GpuHealth {
-                healthy: false,
-                xid: Some(event.xid),
-            };
+            *entry = GpuHealth::from_parts(Some(event.xid), entry.reason.clone());
         }
         tracing::warn!(gpu = %gpu.uuid, index = gpu.index, xid = event.xid, "fatal XID: GPU marked unhealthy");
-        let prefix = format!("{}-", gpu.uuid);
-        self.gpu_list
-            .set_health_where(|id| id.starts_with(&prefix), Health::Unhealthy);
-        for m in gpu.mig.iter().flatten() {
-            if let Some(list) = self.mig_lists.get(&m.profile) {
-                list.set_health(&m.uuid, Health::Unhealthy);
-            }
-        }
+        self.set_gpu_health(gpu, false);
         self.bump();
         true
+    }
+
+    /// Health of MIG device `mig_uuid`: its GPU's, and its own XIDs.
+    pub fn mig_healthy(&self, mig_uuid: &str) -> bool {
+        let Some((gpu, _)) = self.mig_device(mig_uuid) else {
+            return false;
+        };
+        self.health(&gpu.uuid).healthy && !self.bad_mig.lock().contains(mig_uuid)
+    }
+}
+
+/// The reason a condition keeps a GPU from being handed out.
+fn unready(condition: GpuCondition) -> Option<String> {
+    match condition {
+        GpuCondition::Ready => None,
+        GpuCondition::Lost(why) => Some(format!("lost: {why}")),
+        GpuCondition::FabricNotReady(why) => Some(format!("NVSwitch fabric not ready: {why}")),
     }
 }
 

@@ -560,7 +560,6 @@ impl GpuPlugin {
                 // `mode_of` admits MPS containers with exactly one GPU.
                 if let Some(g) = plan.grants.first() {
                     response.envs.extend(mps::client_env(
-                        &g.uuid,
                         g.memory_mib,
                         g.compute_milli,
                         &paths.pipe,
@@ -570,6 +569,13 @@ impl GpuPlugin {
                 response.mounts.push(api::Mount {
                     container_path: pipe.clone(),
                     host_path: pipe,
+                    read_only: false,
+                });
+                // The daemon's shared memory: without it the client cannot attach and
+                // would run with no limits at all.
+                response.mounts.push(api::Mount {
+                    container_path: "/dev/shm".to_owned(),
+                    host_path: paths.shm.display().to_string(),
                     read_only: false,
                 });
                 response
@@ -885,9 +891,9 @@ impl DeviceProvider for MigPlugin {
                         "{id:?} is not a MIG device of this node"
                     ))
                 })?;
-                if !self.node.health(&gpu.uuid).healthy {
+                if !self.node.mig_healthy(id) {
                     return Err(ProviderError::FailedPrecondition(format!(
-                        "MIG device {id} is on unhealthy GPU {}",
+                        "MIG device {id} (GPU {}) is unhealthy",
                         gpu.uuid
                     )));
                 }

@@ -129,6 +129,11 @@ fn noted<T>(failures: &mut Vec<String>, what: &str, result: Result<T, GpuError>)
         .ok()
 }
 
+/// A reading, or `unknown`.
+fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "unknown".to_owned(), |v| v.to_string())
+}
+
 /// The report as text for a terminal.
 pub fn render(report: &ProbeReport) -> String {
     let mut s = String::new();
@@ -157,15 +162,17 @@ pub fn render(report: &ProbeReport) -> String {
             let _ = writeln!(
                 s,
                 "  in use: {} MiB, {}% utilisation, {} compute process(es)",
-                sample.memory_used_mib,
-                sample.utilization_percent,
+                opt(sample.memory_used_mib),
+                opt(sample.utilization_percent),
                 sample.processes.len()
             );
             for p in &sample.processes {
                 let _ = writeln!(
                     s,
                     "    pid {:>8}  {:>7} MiB  SM {:>3}%",
-                    p.pid, p.memory_used_mib, p.sm_percent
+                    p.pid,
+                    opt(p.memory_used_mib),
+                    p.sm_percent
                 );
             }
         }

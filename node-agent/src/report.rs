@@ -165,10 +165,15 @@ pub fn occupancy(node: &Node, meter: &PodMeter) -> pb::Occupancy {
             pb::GpuOccupancy {
                 gpu_uuid: d.uuid.clone(),
                 health: health(h.healthy) as i32,
-                health_reason: h.xid.map(|x| format!("XID {x}")).unwrap_or_default(),
+                health_reason: h
+                    .xid
+                    .map(|x| format!("XID {x}"))
+                    .or_else(|| h.reason.clone())
+                    .unwrap_or_default(),
                 shares,
-                used_memory_mib: sample.memory_used_mib,
-                utilization_percent: sample.utilization_percent,
+                // tessera.v1 has no "unknown" for these yet: 0 until it does.
+                used_memory_mib: sample.memory_used_mib.unwrap_or(0),
+                utilization_percent: sample.utilization_percent.unwrap_or(0),
             }
         })
         .collect();
@@ -354,7 +359,7 @@ async fn session(
                         send(msg(pb::agent_message::Body::HealthChange(pb::HealthChange {
                             gpu_uuid: d.uuid.clone(),
                             health: health(h.healthy) as i32,
-                            reason: h.xid.map(|x| format!("XID {x}")).unwrap_or_default(),
+                            reason: h.xid.map(|x| format!("XID {x}")).or_else(|| h.reason.clone()).unwrap_or_default(),
                             xid: h.xid.map_or(0, |x| x as u32),
                             observed_unix_ms: now_unix_ms() as i64,
                         })))?;

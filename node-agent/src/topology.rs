@@ -72,12 +72,20 @@ pub struct Topology {
 const MAX_ENUMERATED_SETS: u64 = 20_000;
 
 impl Topology {
-    /// Builds the matrix for `devices`, asking `backend` for PCIe relations.
+    /// Builds the matrix for `devices`, asking `backend` for PCIe relations. A pair
+    /// whose query fails (a lost GPU) counts as the farthest relation, so that GPU is
+    /// the last choice for sets; it never fails the node.
     pub fn discover(backend: &dyn GpuBackend, devices: &[GpuDevice]) -> Result<Self, GpuError> {
         let mut relations = vec![PcieRelation::System; devices.len() * devices.len()];
         for (i, a) in devices.iter().enumerate() {
             for (j, b) in devices.iter().enumerate().skip(i + 1) {
-                let rel = backend.pcie_relation(&a.uuid, &b.uuid)?;
+                let rel = match backend.pcie_relation(&a.uuid, &b.uuid) {
+                    Ok(rel) => rel,
+                    Err(error) => {
+                        tracing::warn!(a = %a.uuid, b = %b.uuid, %error, "PCIe relation unknown; counted as SYS");
+                        PcieRelation::System
+                    }
+                };
                 relations[i * devices.len() + j] = rel;
                 relations[j * devices.len() + i] = rel;
             }

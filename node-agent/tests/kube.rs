@@ -1,6 +1,6 @@
-//! The Kubernetes assignment source against the development cluster's loopback API
-//! server: assignments are read from pods bound to this node, Allocate answers exactly
-//! them, and the agent marks the pods allocated.
+//! The Kubernetes assignment source against a real kube-apiserver (hack/k8s): assignments
+//! are read from pods bound to this node, Allocate answers exactly them, and the agent marks
+//! the pods allocated.
 
 mod common;
 
@@ -12,8 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use tessera_agent::assignments::{ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION, AssignmentSource};
 use tessera_agent::kube_assignments::KubeAssignments;
-use tessera_devcluster::apiserver::{ApiServer, ApiServerConfig};
-use tessera_devcluster::kubeconfig;
+use tessera_testcluster::{Cluster, ClusterOptions};
 
 fn gpu_pod(name: &str, node: &str, created: &str, gpus: u32, assignment: Option<String>) -> Pod {
     let annotations = match assignment {
@@ -53,9 +52,22 @@ async fn wait_allocated(api: &Api<Pod>, name: &str) {
 
 #[tokio::test]
 async fn pods_bound_to_this_node_get_exactly_their_assignment_and_are_marked() {
-    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
-    let client =
-        kube::Client::try_from(kubeconfig::client_config(&server.url(), None).unwrap()).unwrap();
+    // Pods need the namespace's ServiceAccount, which the real controller creates.
+    let server = Cluster::start(ClusterOptions {
+        controllers: Some("serviceaccount-controller".into()),
+        ..ClusterOptions::default()
+    });
+    let client = server.admin().await;
+    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(client.clone(), "default");
+    let deadline = tokio::time::Instant::now() + tessera_testcluster::DEADLINE;
+    while sas.get("default").await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no default ServiceAccount"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let source = Arc::new(KubeAssignments::start(client.clone(), "node-a"));
     let h = Harness::start("a100-8x-mig.yaml", source.clone()).await;
     let plugin = h.gpu_plugin().await;
@@ -74,6 +86,8 @@ async fn pods_bound_to_this_node_get_exactly_their_assignment_and_are_marked() {
     )
     .await
     .unwrap();
+    // The server stamps creation to the second: keep the creation order visible.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     api.create(
         &pp,
         &gpu_pod(
@@ -99,6 +113,7 @@ async fn pods_bound_to_this_node_get_exactly_their_assignment_and_are_marked() {
     )
     .await
     .unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     api.create(
         &pp,
         &gpu_pod("plain", "node-a", "2026-01-01T00:00:03Z", 2, None),

@@ -134,15 +134,23 @@ async fn one_daemon_per_gpu_started_on_demand_restarted_and_stopped_when_idle() 
         pipe(&g0).display().to_string()
     );
     assert_eq!(
-        a.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"],
-        format!("{g0}=8192M")
+        a.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=8192M",
+        "keyed by device ordinal: the driver ignores UUID keys"
     );
     assert_eq!(a.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "25");
     assert_eq!(a.envs["TESSERA_GPU_MEMORY_LIMIT_MIB"], "8192");
-    assert_eq!(a.mounts.len(), 1);
+    assert_eq!(a.mounts.len(), 2);
     assert_eq!(a.mounts[0].host_path, pipe(&g0).display().to_string());
     assert_eq!(a.mounts[0].container_path, a.mounts[0].host_path);
     assert!(!a.mounts[0].read_only);
+    // The daemons' shared memory at the client's /dev/shm: with a private one the
+    // client cannot reach the daemon and runs unlimited.
+    assert_eq!(a.mounts[1].container_path, "/dev/shm");
+    assert_eq!(
+        a.mounts[1].host_path,
+        base.join("shm").display().to_string()
+    );
+    assert!(base.join("shm").is_dir());
     let started = format!(
         "run args=[-d] gpu={g0} pipe={} log={}",
         pipe(&g0).display(),
@@ -156,10 +164,7 @@ async fn one_daemon_per_gpu_started_on_demand_restarted_and_stopped_when_idle() 
     // A second MPS pod on the same GPU shares the daemon.
     mps_pod(&source, "b", 2, &g0, 4096, 100);
     let b = plugin.allocate_one(&[&format!("{g0}-1")]).await.unwrap();
-    assert_eq!(
-        b.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"],
-        format!("{g0}=4096M")
-    );
+    assert_eq!(b.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=4096M");
     assert_eq!(b.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "10");
     assert_eq!(lines(&record, "run args=[-d]"), 1);
 

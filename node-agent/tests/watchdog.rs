@@ -441,12 +441,11 @@ async fn kube_events_land_on_the_pod_with_this_node_as_source() {
     use k8s_openapi::api::core::v1::Event;
     use kube::api::{Api, ListParams};
     use tessera_agent::events::{EventSink, KubeEvents, PodEvent};
-    use tessera_devcluster::apiserver::{ApiServer, ApiServerConfig};
-    use tessera_devcluster::kubeconfig;
+    use tessera_testcluster::{Cluster, ClusterOptions};
 
-    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
-    let client =
-        kube::Client::try_from(kubeconfig::client_config(&server.url(), None).unwrap()).unwrap();
+    // A real API server: events.k8s.io and core Events are validated there.
+    let server = Cluster::start(ClusterOptions::default());
+    let client = server.admin().await;
     let sink = KubeEvents::new(client.clone(), "node-a");
     sink.emit(PodEvent {
         pod: PodRef::new("default", "trainer"),

@@ -188,9 +188,9 @@ pub enum Reason {
         /// The level given.
         level: String,
     },
-    /// The queue is below its fair share, but no preemptible pod (or whole gang) of a queue
-    /// above its own could be evicted to make room without taking that queue below its fair
-    /// share or deserved quota.
+    /// The queue is below its fair share, but no preemptible pod (or whole gang) of another
+    /// queue could be evicted to make room without taking that queue below its deserved quota,
+    /// or, where the reclaimer would pass its own deserved quota, below its fair share.
     NoReclaimVictims {
         /// The reclaiming queue.
         queue: String,
@@ -312,7 +312,7 @@ impl fmt::Display for Reason {
             ),
             Reason::NoReclaimVictims { queue } => write!(
                 f,
-                "queue {queue} is below its fair share, but no preemptible pod of a queue above its own can be evicted for it without taking that queue below its fair share (a gang leaves whole)"
+                "queue {queue} is below its fair share, but no preemptible pod of a queue above its own can be evicted for it without taking that queue below its deserved quota, or below its fair share where {queue} would pass its own deserved quota (a gang leaves whole)"
             ),
             Reason::Node(n) => write!(f, "{n}"),
             Reason::NotReached => f.write_str("capacity taken by pods ahead of it this cycle"),

@@ -740,46 +740,242 @@ fn sample_burst(finetune_pods: u32, serve_pods: u32) -> Snapshot {
 }
 
 #[test]
-fn reclaim_frees_gpus_held_over_fair_share_despite_cpu_requests() {
-    // research-llm holds 24 of 24 GPUs; eight serving pods (20 GiB each, counted as 0.256 of
-    // the cluster's largest GPU) give product-serving a fair share of ~2.05 GPUs and
-    // research-llm ~21.95. Evicting one elastic
-    // fine-tuning pod (2 GPUs) keeps research-llm above its fair share; a second would not.
-    // Reclaim used to refuse: the victim's CPU and memory counted as a loss below research-llm's
-    // fair share of CPU (equal to its demand, CPU being uncontended), and the serving side was
-    // charged the victim's whole 2 GPUs instead of its own request.
+fn reclaim_lets_a_queue_below_its_deserved_quota_in_at_once() {
+    // research-llm holds 24 of 24 GPUs against a deserved 12; eight serving pods (20 GiB each)
+    // are counted as 0.427 of the 48 GB L40S they fit on, so product-serving asks for 3.4 GPUs,
+    // within its deserved quota of 12: rule (a) may take research-llm down to its deserved
+    // quota. Elastic fine-tuning pods go first; the node needing the fewest victims is emptied
+    // and holds all eight pods. CPU and memory requests do not block it: the victims' CPU is
+    // returned, the reclaimer's CPU is uncontended.
     let d = run(&sample_burst(4, 8));
     let by = EvictionReason::Reclaim {
         by_queue: "product-serving".into(),
     };
-    let ev = evicted(&d);
-    assert_eq!(ev.len(), 1, "{ev:?}");
-    assert!(ev[0].0.starts_with("finetune-"), "{ev:?}");
-    assert_eq!(ev[0].1, by);
-    // The freed two L40S GPUs (48 GiB) hold two 20 GiB serving pods each.
-    let victim_node = if ev[0].0 < "finetune-2" { "l1" } else { "l2" };
+    assert_eq!(
+        evicted(&d),
+        vec![("finetune-0", by.clone()), ("finetune-1", by)]
+    );
     let served = bound(&d);
-    assert_eq!(served.len(), 4, "{:?}", d.pending);
+    assert_eq!(served.len(), 8, "{:?}", d.pending);
     assert!(
         served
             .iter()
-            .all(|(p, n)| p.starts_with("serve-") && n == victim_node)
+            .all(|(p, n)| p.starts_with("serve-") && n == "l1")
     );
+    let st = d
+        .fair_shares
+        .iter()
+        .find(|q| q.queue == "product-serving")
+        .unwrap();
+    assert_eq!(st.requested[0], 8.0 * 427.0, "{st:?}");
+    assert_eq!(st.allocated[0], 8.0 * 427.0, "{st:?}");
 }
 
 #[test]
-fn reclaim_keeps_a_gang_at_min_member_whole_when_that_breaks_fair_share() {
-    // Only the two core fine-tuning pods remain: freeing GPUs means evicting the whole gang
-    // (4 GPUs), which would take research-llm (20 GPUs) below its fair share (~17.95): serving
-    // waits, and no pod is evicted.
+fn reclaim_takes_a_whole_gang_for_a_queue_below_its_deserved_quota() {
+    // Only the two core fine-tuning pods remain: freeing GPUs means evicting the whole gang (4
+    // GPUs), which takes research-llm from 20 GPUs below its fair share (~16.6) but not below
+    // its deserved 12. product-serving is inside its deserved quota, so rule (a) applies: the
+    // gang leaves whole and the serving pods start in this cycle, instead of waiting for batch
+    // jobs to end.
     let mut s = sample_burst(2, 8);
     s.nodes.retain(|n| n.name != "l2");
     let d = run(&s);
-    assert!(d.evictions.is_empty(), "{:?}", d.evictions);
-    assert!(d.bindings.is_empty(), "{:?}", bound(&d));
-    let msg = pending_msg(&d, "serve-0");
-    assert!(
-        msg.starts_with("queue product-serving is below its fair share, but no preemptible pod"),
-        "{msg}"
+    let by = EvictionReason::Reclaim {
+        by_queue: "product-serving".into(),
+    };
+    assert_eq!(
+        evicted(&d),
+        vec![("finetune-0", by.clone()), ("finetune-1", by)]
     );
+    assert_eq!(bound(&d).len(), 8, "{:?}", d.pending);
+    let llm = d
+        .fair_shares
+        .iter()
+        .find(|q| q.queue == "research-llm")
+        .unwrap();
+    assert!(llm.allocated[0] >= llm.deserved[0], "{llm:?}");
+    assert!(llm.allocated[0] < llm.fair_share[0], "{llm:?}");
+}
+
+/// | n1 8 GPUs | a (quota `qa`), b (quota `qb`) | b runs two gangs of 2 pods × 2 GPUs (gb1 older
+/// than gb2); a's pods are added by the caller.
+fn b_runs_two_gangs(qa: f64, qb: f64) -> Snapshot {
+    let mut s = Snapshot::at(1000)
+        .node(Node::gpu_node("n1", 8, "H100", 80_000))
+        .queue(Queue::new("a").gpu(qa, 1.0, -1.0))
+        .queue(Queue::new("b").gpu(qb, 1.0, -1.0));
+    for (g, t) in [("gb1", 1), ("gb2", 3)] {
+        s = s.group(PodGroup::new(g, "b", 2));
+        for i in 0..2 {
+            s = s.pod(
+                Pod::new(&format!("{g}-{i}"), "b")
+                    .gpus(2)
+                    .group(g)
+                    .created(t + i)
+                    .on_node("n1"),
+            );
+        }
+    }
+    s
+}
+
+#[test]
+fn reclaim_rule_a_a_small_request_below_deserved_gets_a_gang_reclaimed() {
+    // a and b deserve 4 each; b holds all 8 GPUs. a asking for 1 GPU has a fair share of 1 and
+    // b one of 7, so b's fair share would forbid evicting a 4-GPU gang; but a is inside its
+    // deserved quota and b stays at its own (8 - 4 = 4): the youngest gang leaves whole.
+    let by_a = EvictionReason::Reclaim {
+        by_queue: "a".into(),
+    };
+    let s = b_runs_two_gangs(4.0, 4.0).pod(Pod::new("a0", "a").gpus(1).created(10));
+    let d = run(&s);
+    assert_eq!(
+        evicted(&d),
+        vec![("gb2-0", by_a.clone()), ("gb2-1", by_a.clone())]
+    );
+    assert_eq!(bound_pods(&d), vec!["a0"]);
+    // Asking for 4 (its whole deserved quota) gets the same at once.
+    let s = b_runs_two_gangs(4.0, 4.0).pod(Pod::new("a0", "a").gpus(4).created(10));
+    let d = run(&s);
+    assert_eq!(evicted(&d), vec![("gb2-0", by_a.clone()), ("gb2-1", by_a)]);
+    assert_eq!(bound_pods(&d), vec!["a0"]);
+}
+
+#[test]
+fn reclaim_rule_a_never_takes_a_victim_below_its_deserved_quota() {
+    // b deserves 6: evicting either gang leaves it 4 < 6, so a waits although it is inside its
+    // own deserved quota, and says why.
+    let s = b_runs_two_gangs(2.0, 6.0).pod(Pod::new("a0", "a").gpus(1).created(10));
+    let d = run(&s);
+    assert!(d.evictions.is_empty(), "{:?}", d.evictions);
+    assert!(d.bindings.is_empty());
+    assert!(
+        pending_msg(&d, "a0").starts_with(
+            "queue a is below its fair share, but no preemptible pod of a queue above its own can be evicted for it without taking that queue below its deserved quota"
+        ),
+        "{}",
+        pending_msg(&d, "a0")
+    );
+}
+
+/// | n1 8 GPUs | a (quota `qa`) runs 2 pods of 1 GPU and wants 1 more | b (quota 2) runs a
+/// 2-GPU pod and a gang of 2 × 2 GPUs.
+fn a_at_two_b_at_six(qa: f64) -> Snapshot {
+    let mut s = Snapshot::at(1000)
+        .node(Node::gpu_node("n1", 8, "H100", 80_000))
+        .queue(Queue::new("a").gpu(qa, 1.0, -1.0))
+        .queue(Queue::new("b").gpu(2.0, 1.0, -1.0))
+        .group(PodGroup::new("gb", "b", 2))
+        .pod(Pod::new("bx", "b").gpus(2).created(5).on_node("n1"));
+    for i in 0..2 {
+        s = s
+            .pod(
+                Pod::new(&format!("a{i}"), "a")
+                    .gpus(1)
+                    .created(i)
+                    .on_node("n1"),
+            )
+            .pod(
+                Pod::new(&format!("gb-{i}"), "b")
+                    .gpus(2)
+                    .group("gb")
+                    .created(2 + i)
+                    .on_node("n1"),
+            );
+    }
+    s.pod(Pod::new("a2", "a").gpus(1).created(10))
+}
+
+#[test]
+fn reclaim_rule_b_keeps_the_victims_fair_share_once_past_deserved() {
+    // a (quota 2) already holds its deserved 2 and asks for a third GPU: it is above its
+    // deserved quota but below its fair share (3), so only rule (b) applies and b must keep
+    // its fair share of 5. Evicting bx leaves b 4, the gang leaves it 2: a waits.
+    let d = run(&a_at_two_b_at_six(2.0));
+    assert!(d.evictions.is_empty(), "{:?}", d.evictions);
+    let shares: Vec<(String, f64, f64)> = d
+        .fair_shares
+        .iter()
+        .map(|q| (q.queue.clone(), q.deserved[0], q.fair_share[0]))
+        .collect();
+    assert_eq!(
+        shares,
+        vec![
+            ("a".to_string(), 2000.0, 3000.0),
+            ("b".to_string(), 2000.0, 5000.0)
+        ]
+    );
+    assert!(
+        pending_msg(&d, "a2")
+            .contains("or below its fair share where a would pass its own deserved quota")
+    );
+    // With quota 3 the third GPU is inside a's deserved quota: rule (a), b may go down to its
+    // deserved 2, and the single pod bx (fewest victims) leaves.
+    let d = run(&a_at_two_b_at_six(3.0));
+    let by_a = EvictionReason::Reclaim {
+        by_queue: "a".into(),
+    };
+    assert_eq!(evicted(&d), vec![("bx", by_a)]);
+    assert_eq!(bound_pods(&d), vec!["a2"]);
+}
+
+#[test]
+fn reclaim_rule_b_takes_back_up_to_fair_share() {
+    // a (quota 2) holds 2 and wants 2 more; b (quota 2) holds 6 single GPUs. Fair shares are
+    // 4 and 4: a, past its deserved quota, reclaims two of b's youngest pods, and b keeps its
+    // fair share.
+    let mut s = Snapshot::at(1000)
+        .node(Node::gpu_node("n1", 8, "H100", 80_000))
+        .queue(Queue::new("a").gpu(2.0, 1.0, -1.0))
+        .queue(Queue::new("b").gpu(2.0, 1.0, -1.0));
+    for i in 0..2 {
+        s = s.pod(
+            Pod::new(&format!("a{i}"), "a")
+                .gpus(1)
+                .created(i)
+                .on_node("n1"),
+        );
+    }
+    for i in 0..6 {
+        s = s.pod(
+            Pod::new(&format!("b{i}"), "b")
+                .gpus(1)
+                .created(10 + i)
+                .on_node("n1"),
+        );
+    }
+    s = s
+        .pod(Pod::new("a2", "a").gpus(1).created(20))
+        .pod(Pod::new("a3", "a").gpus(1).created(21));
+    let d = run(&s);
+    let by_a = EvictionReason::Reclaim {
+        by_queue: "a".into(),
+    };
+    assert_eq!(evicted(&d), vec![("b4", by_a.clone()), ("b5", by_a)]);
+    assert_eq!(bound_pods(&d), vec!["a2", "a3"]);
+}
+
+#[test]
+fn gpu_memory_requests_count_as_the_share_of_the_gpu_they_land_on() {
+    // | h1: 1 H100 80 GB | a1: 2 A100 40 GB | four 20 GiB pods land two per A100, taking half
+    // of each: the queue asks for 2 GPUs, not the 1.02 that 20 GiB of the H100 would be, and
+    // its demand (the basis of its fair share) equals what it ends up holding.
+    let s = Snapshot::at(0)
+        .queue(Queue::new("m").gpu(4.0, 1.0, -1.0))
+        .node(Node::gpu_node("h1", 1, "H100", 80_000))
+        .node(Node::gpu_node("a1", 2, "A100", 40_960))
+        .pod(Pod::new("m0", "m").gpu_memory(1, 20_480))
+        .pod(Pod::new("m1", "m").gpu_memory(1, 20_480))
+        .pod(Pod::new("m2", "m").gpu_memory(1, 20_480))
+        .pod(Pod::new("m3", "m").gpu_memory(1, 20_480));
+    let d = run(&s);
+    assert!(bound(&d).iter().all(|(_, n)| n == "a1"), "{:?}", bound(&d));
+    assert_eq!(d.bindings.len(), 4);
+    let m = &d.fair_shares[0];
+    assert_eq!((m.requested[0], m.allocated[0]), (2000.0, 2000.0), "{m:?}");
+    // A pod that accepts only the H100 is counted on the H100 (20 GiB of 80 GB, 0.256).
+    let s = s.pod(Pod::new("m4", "m").gpu_memory(1, 20_480).models(&["H100"]));
+    let d = run(&s);
+    assert_eq!(d.fair_shares[0].requested[0], 2256.0, "{:?}", d.fair_shares);
 }

@@ -8,8 +8,11 @@
 //! harmless (the agent reads only pods bound to its node) and the next decision overwrites it.
 
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DeleteParams, EvictParams, Patch, PatchParams, PostParams, Preconditions};
+use k8s_openapi::api::policy::v1::Eviction;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    DeleteOptions, ObjectMeta, Preconditions as MetaPreconditions,
+};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use serde_json::json;
 
 use super::events::{self, EventKind, EventWriter};
@@ -245,14 +248,31 @@ impl Binder {
         Ok(())
     }
 
-    /// Evicts a pod through the Eviction API (policy/v1) and writes an `Evicted` event with
-    /// `reason`.
+    /// Evicts a pod through the Eviction API (policy/v1), only if it is still the pod with
+    /// `t.uid`, and writes an `Evicted` event with `reason`.
+    ///
+    /// The Eviction is built here rather than with kube's `Api::evict`: kube-core 5 serialises
+    /// its delete options as `delete_options`, a field the API server does not know and drops,
+    /// and with it the UID precondition — a recreated pod of the same name would be evicted.
     pub async fn evict(&self, t: &EvictTarget, reason: &str) -> Result<EvictOutcome, kube::Error> {
-        let params = EvictParams {
-            delete_options: Some(same_pod(t)),
-            post_options: PostParams::default(),
+        let eviction = Eviction {
+            metadata: ObjectMeta {
+                name: Some(t.name.clone()),
+                namespace: Some(t.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            delete_options: Some(DeleteOptions {
+                preconditions: Some(MetaPreconditions {
+                    uid: Some(t.uid.clone()),
+                    resource_version: None,
+                }),
+                ..DeleteOptions::default()
+            }),
         };
-        let result = self.pods(&t.namespace).evict(&t.name, &params).await;
+        let result: Result<serde_json::Value, kube::Error> = self
+            .pods(&t.namespace)
+            .create_subresource("eviction", &t.name, &PostParams::default(), &eviction)
+            .await;
         self.settle(t, reason, result.map(drop)).await
     }
 

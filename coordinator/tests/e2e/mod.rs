@@ -1,10 +1,11 @@
-//! End-to-end harness: the development cluster's API server, hollow nodes whose device plugin
-//! is a real in-process `tessera-agent` on a simulated GPU machine, and one or more real
+//! End-to-end harness on real Kubernetes (hack/k8s): a real kube-apiserver with etcd,
+//! kubelet-lite nodes that admit pods through the kubelet's own device manager, whose device
+//! plugin is a real in-process `tessera-agent` on a simulated GPU machine, and one or more real
 //! coordinators scheduling for them.
 //!
 //! Every piece talks to the others over its real interface: the coordinators and agents use
-//! the API server over HTTP, the hollow kubelets call the agents over the device-plugin and
-//! pod-resources Unix sockets, and the agents report to the coordinators over gRPC through a
+//! the API server over HTTPS, the kubelet's device manager calls the agents over the
+//! device-plugin and pod-resources Unix sockets, and the agents report to the coordinators over gRPC through a
 //! small TCP forwarder that plays the coordinator Service (it sends new connections to the
 //! leader, like a Service whose endpoints are the ready replica).
 #![allow(dead_code)] // each test binary uses a different subset
@@ -34,10 +35,9 @@ use tessera_coordinator::cluster::leader::LeaseConfig;
 use tessera_coordinator::cluster::{Coordinator, CoordinatorConfig, CoordinatorHandle};
 use tessera_coordinator::crd::{GpuQuota, PodGroup, PodGroupSpec, Queue, QueueSpec};
 use tessera_coordinator::model::Assignment;
-use tessera_devcluster::apiserver::{ApiServer, ApiServerConfig, ApiServerHandle};
-use tessera_devcluster::config::GpuShape;
-use tessera_devcluster::hollow::{ContainerRecord, HollowNode, HollowNodeConfig, HollowNodeHandle};
-use tessera_devcluster::kubeconfig;
+use tessera_testcluster::{
+    Cluster, ClusterOptions, ContainerRecord, LiteNode, NodeOptions as LiteOptions,
+};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
@@ -96,7 +96,7 @@ gpus:
 
 /// What to start.
 pub struct Setup {
-    /// Hollow nodes: name and simulated GPU shape (YAML text in the `hack/gpus` format).
+    /// Nodes: name and simulated GPU shape (YAML text in the `hack/gpus` format).
     pub nodes: Vec<(String, &'static str)>,
     /// Coordinator replicas (leader-elected).
     pub coordinators: usize,
@@ -139,14 +139,14 @@ impl Setup {
     }
 }
 
-/// One hollow node and the agent that is its device plugin.
+/// One kubelet-lite node and the agent that is its device plugin.
 pub struct NodeSlot {
     /// Node name.
     pub name: String,
     /// The simulated GPUs the agent reads.
     pub sim: Arc<SimBackend>,
     dir: PathBuf,
-    hollow: Option<HollowNodeHandle>,
+    kubelet: Option<LiteNode>,
     agent: Option<Agent>,
 }
 
@@ -169,8 +169,8 @@ pub struct PodSeen {
 pub struct E2e {
     /// Scratch space: sockets, checkpoints.
     pub dir: TempDir,
-    server: Option<ApiServerHandle>,
-    /// A client for the API server.
+    cluster: Option<Cluster>,
+    /// A cluster-admin client for the API server.
     pub client: kube::Client,
     /// The nodes, in setup order.
     pub nodes: Vec<NodeSlot>,
@@ -187,9 +187,7 @@ pub struct E2e {
 /// `RUST_LOG` selects, `info` for Tessera's crates by default.
 pub fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(
-            "warn,tessera_coordinator=info,tessera_agent=info,tessera_devcluster=info",
-        )
+        tracing_subscriber::EnvFilter::new("warn,tessera_coordinator=info,tessera_agent=info")
     });
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -199,26 +197,28 @@ pub fn init_tracing() {
 
 impl E2e {
     /// Starts the API server, applies the CRDs and the `default` queue (as the Helm chart
-    /// does), starts the coordinators, then each hollow node with its agent.
+    /// does), starts the coordinators, then each node with its agent.
     pub async fn start(setup: Setup) -> E2e {
         init_tracing();
         let dir = tempfile::tempdir().expect("temporary directory");
-        let server = ApiServer::start(ApiServerConfig::default())
-            .await
-            .expect("API server starts");
-        let client = kube::Client::try_from(
-            kubeconfig::client_config(&server.url(), None).expect("client config"),
-        )
-        .expect("client");
+        // Pods need their namespace's ServiceAccount, which the real controller creates.
+        let cluster = tokio::task::block_in_place(|| {
+            Cluster::start(ClusterOptions {
+                controllers: Some("serviceaccount-controller".into()),
+                ..ClusterOptions::default()
+            })
+        });
+        let client = cluster.admin().await;
+        wait_default_service_account(&client).await;
         apply_crds(&client).await;
-        let (history, history_task) = record_pods(client.clone());
+        let (history, history_task) = record_pods(client.clone()).await;
         let coordinators = Arc::new(Mutex::new(Vec::new()));
         let connections: Connections = Arc::default();
         let (service, service_task) =
             agent_service(Arc::clone(&coordinators), Arc::clone(&connections)).await;
         let mut e2e = E2e {
             dir,
-            server: Some(server),
+            cluster: Some(cluster),
             client,
             nodes: Vec::new(),
             coordinators,
@@ -235,10 +235,10 @@ impl E2e {
         }
         // The first replica leads before any agent connects, so the Service has a target.
         e2e.wait_leader().await;
-        let starts = setup
-            .nodes
-            .iter()
-            .map(|(name, shape)| start_node(&e2e.client, e2e.dir.path(), name, shape, service));
+        let cluster = e2e.cluster.as_ref().expect("the cluster runs");
+        let starts = setup.nodes.iter().map(|(name, shape)| {
+            start_node(cluster, &e2e.client, e2e.dir.path(), name, shape, service)
+        });
         e2e.nodes = futures::future::join_all(starts).await;
         e2e.wait_nodes_ready().await;
         e2e
@@ -384,24 +384,12 @@ impl E2e {
 
     /// Polls `probe` until it answers, failing the test with a picture of the cluster after
     /// [`DEADLINE`].
-    pub async fn wait_until<T, F, Fut>(&self, what: &str, mut probe: F) -> T
+    pub async fn wait_until<T, F, Fut>(&self, what: &str, probe: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Option<T>>,
     {
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        loop {
-            if let Some(v) = probe().await {
-                return v;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                panic!(
-                    "timed out after {DEADLINE:?} waiting for {what}\n{}",
-                    self.describe().await
-                );
-            }
-            tokio::time::sleep(POLL).await;
-        }
+        tessera_testcluster::wait_for(what, probe, || self.describe()).await
     }
 
     /// Waits until every pod in `names` runs (bound, admitted by its hollow kubelet, which
@@ -466,13 +454,13 @@ impl E2e {
             .collect()
     }
 
-    /// Every container any hollow kubelet (any incarnation) started, with what its device
+    /// Every container any kubelet (any incarnation) started, with what its device
     /// plugin gave it, and the node it ran on.
     pub fn containers(&self) -> Vec<(String, ContainerRecord)> {
         self.nodes
             .iter()
             .flat_map(|slot| {
-                let all = slot.hollow.as_ref().map(HollowNodeHandle::containers);
+                let all = slot.kubelet.as_ref().map(LiteNode::containers);
                 all.into_iter().flatten().map(|r| (slot.name.clone(), r))
             })
             .collect()
@@ -584,16 +572,14 @@ impl E2e {
         slot.agent = Some(start_agent(&client, slot, service).await);
     }
 
-    /// Restarts the kubelet of `node`: its sockets go away and come back on the same
-    /// directories (the agent must notice the new `kubelet.sock` and register again), it
-    /// lists its pods afresh and keeps what it had admitted, as its checkpoint does.
+    /// Restarts the kubelet of `node`: the process stops (the device manager removes its
+    /// sockets) and starts again on the same directory (the agent must notice the new
+    /// `kubelet.sock` and register again); it lists its pods afresh and keeps what it had
+    /// admitted, from the device manager's checkpoint.
     pub async fn restart_kubelet(&mut self, node: &str) {
         let slot = self.slot_mut(node);
-        let hollow = slot.hollow.as_ref().expect("the kubelet runs");
-        hollow
-            .restart_kubelet()
-            .await
-            .unwrap_or_else(|e| panic!("restarting the kubelet of {node}: {e}"));
+        let kubelet = slot.kubelet.as_mut().expect("the kubelet runs");
+        tokio::task::block_in_place(|| kubelet.restart());
     }
 
     /// Everything the pod watch saw, in order.
@@ -730,14 +716,12 @@ impl E2e {
             if let Some(agent) = slot.agent.take() {
                 let _ = agent.stop().await;
             }
-            if let Some(hollow) = slot.hollow.take() {
-                hollow.shutdown().await;
+            if let Some(mut kubelet) = slot.kubelet.take() {
+                tokio::task::block_in_place(|| kubelet.stop());
             }
         }
         self.history_task.abort();
-        if let Some(server) = self.server.take() {
-            server.shutdown().await;
-        }
+        drop(self.cluster.take());
     }
 }
 
@@ -778,9 +762,13 @@ async fn apply_crds(client: &kube::Client) {
 }
 
 /// Records every pod change in the namespace, in the order the API server made them.
-fn record_pods(client: kube::Client) -> (Arc<Mutex<Vec<PodSeen>>>, JoinHandle<()>) {
+/// Returns once the watch has listed: a pod created after that is seen from its creation
+/// on, in resourceVersion order (an initial list would show it in name order instead).
+async fn record_pods(client: kube::Client) -> (Arc<Mutex<Vec<PodSeen>>>, JoinHandle<()>) {
     let history = Arc::new(Mutex::new(Vec::new()));
     let sink = Arc::clone(&history);
+    let (listed_tx, listed) = tokio::sync::oneshot::channel();
+    let mut listed_tx = Some(listed_tx);
     let task = tokio::spawn(async move {
         let pods: Api<Pod> = Api::namespaced(client, NS);
         let stream = watcher(pods, watcher::Config::default());
@@ -789,6 +777,12 @@ fn record_pods(client: kube::Client) -> (Arc<Mutex<Vec<PodSeen>>>, JoinHandle<()
             let (pod, deleted) = match event {
                 Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => (p, false),
                 Ok(watcher::Event::Delete(p)) => (p, true),
+                Ok(watcher::Event::InitDone) => {
+                    if let Some(tx) = listed_tx.take() {
+                        let _ = tx.send(());
+                    }
+                    continue;
+                }
                 Ok(_) => continue,
                 Err(_) => {
                     tokio::time::sleep(POLL).await;
@@ -808,6 +802,10 @@ fn record_pods(client: kube::Client) -> (Arc<Mutex<Vec<PodSeen>>>, JoinHandle<()
             });
         }
     });
+    tokio::time::timeout(DEADLINE, listed)
+        .await
+        .expect("the pod watch listed in time")
+        .expect("the pod watch task runs");
     (history, task)
 }
 
@@ -863,6 +861,7 @@ async fn agent_service(
 }
 
 async fn start_node(
+    cluster: &Cluster,
     client: &kube::Client,
     root: &Path,
     name: &str,
@@ -870,55 +869,44 @@ async fn start_node(
     service: SocketAddr,
 ) -> NodeSlot {
     let dir = root.join(name);
-    for sub in ["dp", "pr", "state", "proc"] {
+    for sub in ["state", "proc"] {
         std::fs::create_dir_all(dir.join(sub)).expect("node directories");
     }
     let sim = Arc::new(SimBackend::from_yaml(shape, name).expect("GPU shape parses"));
-    let hollow_config = HollowNodeConfig {
-        name: name.into(),
-        labels: BTreeMap::new(),
-        cpu: "64".into(),
-        memory: "512Gi".into(),
-        pods: 110,
-        gpus: GpuShape {
-            count: gpu_count(&sim),
-            model: "A100-80GB".into(),
-            memory_mib: 81920,
-            mig: BTreeMap::new(),
-        },
-        device_plugin_dir: Some(dir.join("dp")),
-        device_plugin_timeout: DEADLINE,
-        pod_resources_dir: Some(dir.join("pr")),
-    };
+    let mut options = LiteOptions::new(name);
+    options.capacity = BTreeMap::from([
+        ("cpu".to_owned(), "64".to_owned()),
+        ("memory".to_owned(), "512Gi".to_owned()),
+    ]);
+    // The kubelet serves kubelet.sock before any plugin registers; the agent starts after.
+    let kubelet = tokio::task::block_in_place(|| LiteNode::start(cluster, options));
     let mut slot = NodeSlot {
         name: name.into(),
         sim,
-        dir: dir.clone(),
-        hollow: None,
+        dir,
+        kubelet: Some(kubelet),
         agent: None,
     };
-    // The hollow kubelet waits for its device plugin, and the agent needs the kubelet's
-    // socket: start the kubelet, then the agent once kubelet.sock exists.
-    let hollow = tokio::spawn(HollowNode::start(client.clone(), hollow_config));
-    let kubelet_sock = dir.join("dp/kubelet.sock");
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while !kubelet_sock.exists() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the hollow node {name} did not serve kubelet.sock"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
     slot.agent = Some(start_agent(client, &slot, service).await);
-    let hollow = hollow
-        .await
-        .expect("hollow node task")
-        .unwrap_or_else(|e| panic!("hollow node {name}: {e}"));
-    slot.hollow = Some(hollow);
     slot
 }
 
+/// Waits for the `default` ServiceAccount of the test namespace (created by the
+/// serviceaccount controller; the ServiceAccount admission plugin refuses pods without it).
+async fn wait_default_service_account(client: &kube::Client) {
+    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), NS);
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while sas.get("default").await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the serviceaccount controller did not create {NS}/default"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
 async fn start_agent(client: &kube::Client, slot: &NodeSlot, service: SocketAddr) -> Agent {
+    let kubelet = slot.kubelet.as_ref().expect("the node's kubelet runs");
     let source = KubeAssignments::start(client.clone(), &slot.name);
     assert!(
         source.wait_synced(DEADLINE).await,
@@ -928,8 +916,8 @@ async fn start_agent(client: &kube::Client, slot: &NodeSlot, service: SocketAddr
     let config = AgentConfig {
         node_name: slot.name.clone(),
         backend: Backend::Sim(Arc::clone(&slot.sim)),
-        device_plugin_dir: slot.dir.join("dp"),
-        pod_resources_socket: slot.dir.join("pr/kubelet.sock"),
+        device_plugin_dir: kubelet.device_plugin_dir(),
+        pod_resources_socket: kubelet.pod_resources_socket(),
         state_dir: slot.dir.join("state"),
         admin_socket: None,
         options: NodeOptions::default(),
@@ -1115,18 +1103,18 @@ pub fn assert_record_matches(
         "{}/{} got (GPU, MiB, %) {got:?} but was assigned {want:?}",
         record.pod, record.container
     );
-    let slot_gpus: BTreeSet<&str> = record
-        .device_ids
+    let device_ids = record.devices_of("nvidia.com/gpu");
+    let slot_gpus: BTreeSet<&str> = device_ids
         .iter()
         .map(|id| id.rsplit_once('-').map_or(id.as_str(), |(gpu, _)| gpu))
         .collect();
     let assigned: BTreeSet<&str> = wanted.iter().map(|s| s.uuid.as_str()).collect();
     assert_eq!(
-        (record.device_ids.len(), &slot_gpus),
+        (device_ids.len(), &slot_gpus),
         (wanted.len(), &assigned),
         "{}/{}: the kubelet's slots {:?} are not one per assigned GPU",
         record.pod,
         record.container,
-        record.device_ids
+        device_ids
     );
 }

@@ -1,15 +1,14 @@
-//! A Helm chart directory: `Chart.yaml`, `values.yaml`, `templates/` (files starting with `_`
-//! hold helpers only) and `crds/` (installed first, never templated), rendered as
-//! `helm template` would with the subset in [`crate::template`].
+//! The Helm chart through the real helm (v4, run as `kube-peer helm` from hack/k8s):
+//! `helm template` renders it, `helm lint` lints it. [`Chart`] reads the sources the lints
+//! of [`crate::lint`] look at (`Chart.yaml`, `values.yaml`, the templates).
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use serde::Deserialize;
-use serde_yaml_ng::{Mapping, Value};
+use serde_yaml_ng::Value;
 
-use crate::template::{TemplateError, TemplateSet};
-
-/// Errors loading or rendering a chart.
+/// Errors loading, rendering or linting a chart.
 #[derive(Debug, thiserror::Error)]
 pub enum ChartError {
     /// A file could not be read.
@@ -28,9 +27,17 @@ pub enum ChartError {
         /// What is wrong.
         message: String,
     },
-    /// A template failed.
-    #[error(transparent)]
-    Template(#[from] TemplateError),
+    /// helm (the `kube-peer` binary) is not available.
+    #[error("helm is not available: {0}")]
+    NoHelm(String),
+    /// A helm command failed.
+    #[error("helm {args} failed:\n{stderr}")]
+    Helm {
+        /// The arguments, space-separated.
+        args: String,
+        /// What helm printed (both streams).
+        stderr: String,
+    },
 }
 
 /// `Chart.yaml` (Helm's v2 chart API; unknown keys are refused to catch typos).
@@ -66,7 +73,7 @@ pub struct ChartMeta {
     pub keywords: Vec<String>,
 }
 
-/// The release a render is for (`.Release`).
+/// The release a render is for (`helm template NAME --namespace NAMESPACE`).
 #[derive(Debug, Clone)]
 pub struct Release {
     /// `.Release.Name`.
@@ -84,16 +91,16 @@ impl Default for Release {
     }
 }
 
-/// One rendered template file, split into its non-empty YAML documents.
+/// One document of `helm template`'s output.
 #[derive(Debug, Clone)]
 pub struct Rendered {
-    /// Path inside the chart, e.g. `templates/coordinator.yaml`.
+    /// The template it came from, inside the chart (`templates/coordinator.yaml`).
     pub source: String,
-    /// The documents, without `---` separators.
-    pub documents: Vec<String>,
+    /// The document's YAML text, without the `---` separator and the `# Source:` line.
+    pub text: String,
 }
 
-/// A loaded chart.
+/// The chart's sources, for the lints helm does not do.
 #[derive(Debug)]
 pub struct Chart {
     /// The chart directory.
@@ -104,11 +111,8 @@ pub struct Chart {
     pub values_source: String,
     /// `values.yaml` parsed.
     pub values: Value,
-    /// Template sources by path inside the chart, sorted.
+    /// Template sources by path inside the chart (`templates/x.yaml`), sorted.
     pub template_sources: Vec<(String, String)>,
-    /// `crds/` files by name, sorted.
-    pub crds: Vec<(String, String)>,
-    templates: TemplateSet,
 }
 
 fn read(path: &Path) -> Result<String, ChartError> {
@@ -116,31 +120,6 @@ fn read(path: &Path) -> Result<String, ChartError> {
         path: path.to_path_buf(),
         source,
     })
-}
-
-/// Files of `dir` ending in one of `exts`, sorted by name; none when `dir` is absent.
-fn files_in(dir: &Path, exts: &[&str]) -> Result<Vec<PathBuf>, ChartError> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(source) => {
-            return Err(ChartError::Read {
-                path: dir.to_path_buf(),
-                source,
-            });
-        }
-    };
-    let mut out: Vec<PathBuf> = entries
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| {
-            p.extension()
-                .and_then(|e| e.to_str())
-                .is_some_and(|e| exts.contains(&e))
-        })
-        .collect();
-    out.sort();
-    Ok(out)
 }
 
 /// Parses YAML text into a value, naming the file on error.
@@ -151,24 +130,8 @@ pub fn parse_yaml(path: &Path, text: &str) -> Result<Value, ChartError> {
     })
 }
 
-/// Deep-merges `over` into `base`: maps merge key by key, anything else replaces.
-pub fn merge_values(base: &mut Value, over: &Value) {
-    match (base, over) {
-        (Value::Mapping(b), Value::Mapping(o)) => {
-            for (k, v) in o {
-                match b.get_mut(k) {
-                    Some(existing) => merge_values(existing, v),
-                    None => {
-                        b.insert(k.clone(), v.clone());
-                    }
-                }
-            }
-        }
-        (b, o) => *b = o.clone(),
-    }
-}
-
-/// Splits a rendered file into its non-empty documents (comment-only documents dropped).
+/// Splits a multi-document YAML text into its non-empty documents (comment-only documents
+/// dropped).
 pub fn split_documents(text: &str) -> Vec<String> {
     let mut docs = Vec::new();
     let mut current = String::new();
@@ -193,12 +156,110 @@ pub fn split_documents(text: &str) -> Vec<String> {
     docs
 }
 
-fn key(s: &str) -> Value {
-    Value::String(s.to_string())
+/// Splits `helm template` output into documents, each with the template helm names in its
+/// `# Source: <chart>/<path>` line (the chart-name prefix removed).
+pub fn parse_helm_output(text: &str) -> Vec<Rendered> {
+    split_documents(text)
+        .into_iter()
+        .map(|doc| {
+            let mut source = String::new();
+            let mut body = Vec::new();
+            for line in doc.lines() {
+                match line.strip_prefix("# Source: ") {
+                    Some(s) if source.is_empty() => {
+                        source = s
+                            .split_once('/')
+                            .map_or(s, |(_chart, path)| path)
+                            .to_string();
+                    }
+                    _ => body.push(line),
+                }
+            }
+            Rendered {
+                source,
+                text: body.join("\n").trim_matches('\n').to_string(),
+            }
+        })
+        .collect()
+}
+
+/// Runs `helm ARGS` (the `kube-peer` binary's helm, see `tessera_testcluster::kube_peer`) with
+/// private cache and config directories and no cluster; its standard output on success.
+pub fn helm(args: &[&str]) -> Result<String, ChartError> {
+    let peer = tessera_testcluster::kube_peer().map_err(|e| ChartError::NoHelm(e.to_string()))?;
+    let home = tempfile::tempdir().map_err(|source| ChartError::Read {
+        path: std::env::temp_dir(),
+        source,
+    })?;
+    let mut cmd = Command::new(peer);
+    cmd.arg("helm").args(args).env_remove("KUBECONFIG");
+    for var in ["HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"] {
+        cmd.env(var, home.path());
+    }
+    let out = cmd.output().map_err(|source| ChartError::Read {
+        path: peer.to_path_buf(),
+        source,
+    })?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        return Err(ChartError::Helm {
+            args: args.join(" "),
+            stderr: format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)),
+        });
+    }
+    Ok(stdout)
+}
+
+/// `helm template` of the chart at `dir` for `release`, with `values` files merged over
+/// `values.yaml` in order; `crds` also renders the chart's `crds/` (`--include-crds`).
+pub fn template(
+    dir: &Path,
+    release: &Release,
+    values: &[PathBuf],
+    crds: bool,
+) -> Result<String, ChartError> {
+    let dir = dir.to_string_lossy();
+    let mut args: Vec<String> = vec![
+        "template".into(),
+        release.name.clone(),
+        dir.into_owned(),
+        "--namespace".into(),
+        release.namespace.clone(),
+    ];
+    if crds {
+        args.push("--include-crds".into());
+    }
+    for v in values {
+        args.push("--values".into());
+        args.push(v.to_string_lossy().into_owned());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    helm(&args)
+}
+
+/// The chart's templates rendered by `helm template` (no CRDs), one entry per document.
+pub fn render(
+    dir: &Path,
+    release: &Release,
+    values: &[PathBuf],
+) -> Result<Vec<Rendered>, ChartError> {
+    Ok(parse_helm_output(&template(dir, release, values, false)?))
+}
+
+/// `helm lint --strict` of the chart at `dir` with `values` files; helm's report on success.
+pub fn lint(dir: &Path, values: &[PathBuf]) -> Result<String, ChartError> {
+    let dir = dir.to_string_lossy();
+    let mut args: Vec<String> = vec!["lint".into(), "--strict".into(), dir.into_owned()];
+    for v in values {
+        args.push("--values".into());
+        args.push(v.to_string_lossy().into_owned());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    helm(&args)
 }
 
 impl Chart {
-    /// Reads and parses a chart directory.
+    /// Reads the chart directory's `Chart.yaml`, `values.yaml` and templates.
     pub fn load(dir: &Path) -> Result<Chart, ChartError> {
         let meta_path = dir.join("Chart.yaml");
         let meta: ChartMeta =
@@ -215,27 +276,29 @@ impl Chart {
                 message: "values.yaml must be a map at the top level".into(),
             });
         }
-        let mut templates = TemplateSet::new();
+        let templates = dir.join("templates");
+        let entries = std::fs::read_dir(&templates).map_err(|source| ChartError::Read {
+            path: templates.clone(),
+            source,
+        })?;
+        let mut paths: Vec<PathBuf> = entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| {
+                p.extension()
+                    .is_some_and(|e| e == "yaml" || e == "yml" || e == "tpl")
+            })
+            .collect();
+        paths.sort();
         let mut template_sources = Vec::new();
-        for path in files_in(&dir.join("templates"), &["yaml", "yml", "tpl"])? {
+        for path in paths {
             let name = format!(
                 "templates/{}",
                 path.file_name()
-                    .and_then(|n| n.to_str())
+                    .map(|n| n.to_string_lossy())
                     .unwrap_or_default()
             );
-            let source = read(&path)?;
-            templates.add(&name, &source)?;
-            template_sources.push((name, source));
-        }
-        let mut crds = Vec::new();
-        for path in files_in(&dir.join("crds"), &["yaml", "yml"])? {
-            let name = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or_default()
-                .to_string();
-            crds.push((name, read(&path)?));
+            template_sources.push((name, read(&path)?));
         }
         Ok(Chart {
             dir: dir.to_path_buf(),
@@ -243,56 +306,7 @@ impl Chart {
             values_source,
             values,
             template_sources,
-            crds,
-            templates,
         })
-    }
-
-    /// The root object templates see: `.Values`, `.Release`, `.Chart`.
-    pub fn context(&self, release: &Release, overrides: &[Value]) -> Value {
-        let mut values = self.values.clone();
-        for o in overrides {
-            merge_values(&mut values, o);
-        }
-        let mut rel = Mapping::new();
-        rel.insert(key("Name"), key(&release.name));
-        rel.insert(key("Namespace"), key(&release.namespace));
-        rel.insert(key("Service"), key("Helm"));
-        rel.insert(key("IsInstall"), Value::Bool(true));
-        let mut chart = Mapping::new();
-        chart.insert(key("Name"), key(&self.meta.name));
-        chart.insert(key("Version"), key(&self.meta.version));
-        chart.insert(
-            key("AppVersion"),
-            key(self.meta.app_version.as_deref().unwrap_or("")),
-        );
-        let mut root = Mapping::new();
-        root.insert(key("Values"), values);
-        root.insert(key("Release"), Value::Mapping(rel));
-        root.insert(key("Chart"), Value::Mapping(chart));
-        Value::Mapping(root)
-    }
-
-    /// Renders every template file that is not a helper file (`_*.tpl`/`_*.yaml`).
-    pub fn render(
-        &self,
-        release: &Release,
-        overrides: &[Value],
-    ) -> Result<Vec<Rendered>, ChartError> {
-        let root = self.context(release, overrides);
-        let mut out = Vec::new();
-        for (name, _) in &self.template_sources {
-            let file = name.trim_start_matches("templates/");
-            if file.starts_with('_') || name.ends_with(".tpl") {
-                continue;
-            }
-            let text = self.templates.render(name, &root)?;
-            out.push(Rendered {
-                source: name.clone(),
-                documents: split_documents(&text),
-            });
-        }
-        Ok(out)
     }
 }
 
@@ -301,17 +315,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn merge_is_deep_for_maps_and_replaces_the_rest() {
-        let mut base: Value = serde_yaml_ng::from_str("a: {b: 1, c: [1]}\nd: x").unwrap();
-        let over: Value = serde_yaml_ng::from_str("a: {c: [2], e: 3}\nd: null").unwrap();
-        merge_values(&mut base, &over);
-        let want: Value = serde_yaml_ng::from_str("a: {b: 1, c: [2], e: 3}\nd: null").unwrap();
-        assert_eq!(base, want);
-    }
-
-    #[test]
     fn documents_split_on_separators_and_drop_empty_ones() {
         let docs = split_documents("---\n# only a comment\n---\na: 1\n---\n\n---\nb: 2\n");
         assert_eq!(docs, ["a: 1", "b: 2"]);
+    }
+
+    #[test]
+    fn helm_output_names_each_document_by_its_template() {
+        let out = "---\n# Source: tessera/templates/rbac.yaml\n# a comment\nkind: Role\n---\n# Source: tessera/templates/rbac.yaml\nkind: RoleBinding\n";
+        let docs = parse_helm_output(out);
+        assert_eq!(docs.len(), 2);
+        assert_eq!(docs[0].source, "templates/rbac.yaml");
+        assert_eq!(docs[0].text, "# a comment\nkind: Role");
+        assert_eq!(docs[1].text, "kind: RoleBinding");
     }
 }

@@ -1,14 +1,15 @@
-//! `tessera-deploy-check`: renders the Helm chart without Helm, writes the plain manifests,
-//! and lints the chart.
+//! `tessera-deploy-check`: writes the plain manifests from `helm template`, and lints the
+//! chart with `helm lint` and the checks helm does not do.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use tessera_deploy_check::chart::{Chart, Release, parse_yaml};
+use tessera_deploy_check::chart::{self, Chart, Release};
 use tessera_deploy_check::{kinds, lint, manifests};
 
-/// Renders and checks deploy/helm/tessera where Helm is not installed.
+/// Generates and checks what deploy/helm/tessera produces, with the real helm (hack/k8s's
+/// `kube-peer helm`; `KUBE_PEER` names a prebuilt one).
 #[derive(Parser, Debug)]
 #[command(name = "tessera-deploy-check", version, about)]
 struct Cli {
@@ -22,8 +23,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Regenerate deploy/manifests/ (and the chart's copy of deploy/crds/) from the chart's
-    /// default values.
+    /// Regenerate deploy/manifests/ (`helm template` with the chart's default values) and
+    /// the chart's copy of deploy/crds/.
     Render {
         /// Where the manifests go.
         #[arg(long, default_value = manifests::MANIFESTS_DIR)]
@@ -32,20 +33,8 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
-    /// Print the chart rendered with extra values files, like `helm template`.
-    Template {
-        /// Values files merged over values.yaml, in order.
-        #[arg(long = "values", short = 'f')]
-        values: Vec<PathBuf>,
-        /// Release name.
-        #[arg(long, default_value = "tessera")]
-        name: String,
-        /// Release namespace.
-        #[arg(long, default_value = "tessera-system")]
-        namespace: String,
-    },
-    /// Check that every value is documented, every value a template reads exists, and every
-    /// rendered document parses into its Kubernetes type.
+    /// `helm lint --strict`, then: every value is documented, every value a template reads
+    /// exists, and every document `helm template` renders parses into its Kubernetes type.
     Lint {
         /// Values files merged over values.yaml, in order.
         #[arg(long = "values", short = 'f')]
@@ -68,17 +57,6 @@ fn find_repo(given: Option<PathBuf>) -> anyhow::Result<PathBuf> {
                 cwd.display()
             )
         })
-}
-
-fn overrides(files: &[PathBuf]) -> anyhow::Result<Vec<serde_yaml_ng::Value>> {
-    files
-        .iter()
-        .map(|f| {
-            let text =
-                std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
-            Ok(parse_yaml(f, &text)?)
-        })
-        .collect()
 }
 
 fn main() -> anyhow::Result<()> {
@@ -107,21 +85,10 @@ fn main() -> anyhow::Result<()> {
                 }
             }
         }
-        Command::Template {
-            values,
-            name,
-            namespace,
-        } => {
-            let chart = Chart::load(&repo.join(manifests::CHART_DIR))?;
-            let rendered = chart.render(&Release { name, namespace }, &overrides(&values)?)?;
-            for r in rendered {
-                for doc in r.documents {
-                    println!("---\n# Source: {}\n{doc}", r.source);
-                }
-            }
-        }
         Command::Lint { values } => {
-            let chart = Chart::load(&repo.join(manifests::CHART_DIR))?;
+            let dir = repo.join(manifests::CHART_DIR);
+            print!("{}", chart::lint(&dir, &values)?);
+            let chart = Chart::load(&dir)?;
             let mut problems = Vec::new();
             for key in lint::undocumented_values(&chart.values_source) {
                 problems.push(format!("values.yaml: {key} has no comment"));
@@ -129,13 +96,10 @@ fn main() -> anyhow::Result<()> {
             for r in lint::undefined_value_refs(&chart.template_sources, &chart.values) {
                 problems.push(format!("{r} is not in values.yaml"));
             }
-            let rendered = chart.render(&Release::default(), &overrides(&values)?)?;
-            for r in &rendered {
-                for doc in &r.documents {
-                    let json = kinds::to_json(doc).map_err(anyhow::Error::msg)?;
-                    if let Err(e) = kinds::check(&json) {
-                        problems.push(format!("{}: {e}", r.source));
-                    }
+            for r in chart::render(&dir, &Release::default(), &values)? {
+                let json = kinds::to_json(&r.text).map_err(anyhow::Error::msg)?;
+                if let Err(e) = kinds::check(&json) {
+                    problems.push(format!("{}: {e}", r.source));
                 }
             }
             if !problems.is_empty() {

@@ -1,39 +1,43 @@
-//! The chart, the generated manifests and every YAML file under `deploy/` and `examples/`:
-//! up to date, parseable into their Kubernetes types (strictly), renderable with non-default
-//! values, documented, and using only flags the binaries have.
+//! The chart through the real helm and a real API server: `helm lint`, `helm template`
+//! (default values and tests/values/test-values.yaml) and `helm install` into a real cluster
+//! (hack/k8s). Then the checks helm and the API server do not make: the generated
+//! manifests are up to date, every YAML file under `deploy/` and `examples/` parses strictly
+//! into its Kubernetes type or its CRD's schema, every value is documented, the chart passes
+//! only flags the binaries have, and the dashboard and docs name only exported metrics.
+
+mod common;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use common::{chart_dir, repo, wait_crd_established};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use kube::api::Api;
 use serde_json::Value;
-use tessera_deploy_check::chart::{Chart, Release, parse_yaml, split_documents};
+use tessera_deploy_check::chart::{self, Chart, Release, split_documents};
 use tessera_deploy_check::kinds::{self, Checked};
 use tessera_deploy_check::{lint, manifests, schema};
+use tessera_testcluster::{Cluster, ClusterOptions};
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+fn chart_sources() -> Chart {
+    Chart::load(&chart_dir()).unwrap_or_else(|e| panic!("{e}"))
 }
 
-fn chart() -> Chart {
-    Chart::load(&repo().join(manifests::CHART_DIR)).unwrap_or_else(|e| panic!("{e}"))
+fn test_values() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/values/test-values.yaml")
 }
 
-fn test_values() -> serde_yaml_ng::Value {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/values/test-values.yaml");
-    parse_yaml(&path, &std::fs::read_to_string(&path).unwrap()).unwrap()
-}
-
-/// Every document of a render, as JSON, with the template it came from.
-fn render(overrides: &[serde_yaml_ng::Value]) -> Vec<(String, Value)> {
-    let rendered = chart()
-        .render(&Release::default(), overrides)
-        .unwrap_or_else(|e| panic!("{e}"));
-    rendered
+/// Every document of `helm template` with `values` files, as JSON, with its template.
+fn render(values: &[PathBuf]) -> Vec<(String, Value)> {
+    chart::render(&chart_dir(), &Release::default(), values)
+        .unwrap_or_else(|e| panic!("{e}"))
         .into_iter()
-        .flat_map(|r| {
-            r.documents
-                .into_iter()
-                .map(move |d| (r.source.clone(), kinds::to_json(&d).unwrap()))
+        .map(|r| {
+            let json = kinds::to_json(&r.text).unwrap_or_else(|e| panic!("{}: {e}", r.source));
+            (r.source, json)
         })
         .collect()
 }
@@ -357,7 +361,7 @@ fn chart_renders_with_test_values() {
 
 #[test]
 fn values_are_documented_and_templates_read_only_defined_values() {
-    let chart = chart();
+    let chart = chart_sources();
     assert_eq!(
         lint::undocumented_values(&chart.values_source),
         Vec::<String>::new()
@@ -565,5 +569,144 @@ fn dashboard_and_metrics_doc_use_only_exported_metric_names() {
     assert!(
         undocumented.is_empty(),
         "docs/metrics.md misses: {undocumented:?}"
+    );
+}
+
+#[test]
+fn helm_lint_passes_with_default_and_test_values() {
+    for values in [vec![], vec![test_values()]] {
+        let report = chart::lint(&chart_dir(), &values)
+            .unwrap_or_else(|e| panic!("helm lint with {values:?}: {e}"));
+        assert!(
+            report.contains("1 chart(s) linted, 0 chart(s) failed"),
+            "{report}"
+        );
+    }
+}
+
+/// `helm install` of the chart (default values) into a real API server: the CRDs are
+/// Established, and every object the chart renders was accepted and exists. The pods of the
+/// Deployment and DaemonSet do not run (no controllers, no images): the objects are what is
+/// checked here; tests/rbac.rs and tests/examples.rs run the components.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_install_creates_every_object_of_the_chart() {
+    let cluster = tokio::task::block_in_place(|| Cluster::start(ClusterOptions::default()));
+    let kubeconfig = cluster.admin_kubeconfig();
+    let chart = chart_dir();
+    let out = tokio::task::block_in_place(|| {
+        tessera_testcluster::helm(
+            &[
+                "install",
+                "tessera",
+                &chart.to_string_lossy(),
+                "--namespace",
+                common::NAMESPACE,
+                "--create-namespace",
+                "--wait=false",
+            ],
+            Some(&kubeconfig),
+        )
+    });
+    assert!(
+        out.success,
+        "helm install failed:\n{}\n{}\n{}",
+        out.stdout,
+        out.stderr,
+        cluster.logs()
+    );
+    let client = cluster.admin().await;
+    for (_, crd) in tessera_coordinator::crd::all() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        wait_crd_established(&client, &name).await;
+    }
+    let ns = common::NAMESPACE;
+    let docs = render(&[]);
+    assert!(docs.len() >= 15, "{} documents", docs.len());
+    for (source, doc) in &docs {
+        let kind = doc["kind"].as_str().unwrap_or_default();
+        let name = doc["metadata"]["name"].as_str().unwrap_or_default();
+        let found = match kind {
+            "ServiceAccount" => Api::<ServiceAccount>::namespaced(client.clone(), ns)
+                .get(name)
+                .await
+                .is_ok(),
+            "Service" => Api::<Service>::namespaced(client.clone(), ns)
+                .get(name)
+                .await
+                .is_ok(),
+            "Deployment" => Api::<Deployment>::namespaced(client.clone(), ns)
+                .get(name)
+                .await
+                .is_ok(),
+            "DaemonSet" => Api::<DaemonSet>::namespaced(client.clone(), ns)
+                .get(name)
+                .await
+                .is_ok(),
+            "ClusterRole" => Api::<ClusterRole>::all(client.clone())
+                .get(name)
+                .await
+                .is_ok(),
+            "ClusterRoleBinding" => Api::<ClusterRoleBinding>::all(client.clone())
+                .get(name)
+                .await
+                .is_ok(),
+            "Role" => Api::<Role>::namespaced(client.clone(), ns)
+                .get(name)
+                .await
+                .is_ok(),
+            "RoleBinding" => Api::<RoleBinding>::namespaced(client.clone(), ns)
+                .get(name)
+                .await
+                .is_ok(),
+            "PriorityClass" => Api::<PriorityClass>::all(client.clone())
+                .get(name)
+                .await
+                .is_ok(),
+            "PodDisruptionBudget" => {
+                Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(
+                    client.clone(),
+                    ns,
+                )
+                .get(name)
+                .await
+                .is_ok()
+            }
+            "Queue" => Api::<tessera_coordinator::crd::Queue>::all(client.clone())
+                .get(name)
+                .await
+                .is_ok(),
+            other => panic!("{source}: the test does not know how to look up a {other}"),
+        };
+        assert!(
+            found,
+            "{source}: {kind} {name} was not created by helm install"
+        );
+    }
+    // The API server kept what the chart says (defaults added, nothing dropped).
+    let pc = Api::<PriorityClass>::all(client.clone())
+        .get("tessera-training")
+        .await
+        .expect("PriorityClass");
+    assert_eq!(pc.value, Some(50));
+    assert_eq!(pc.preemption_policy.as_deref(), Some("Never"));
+    let queue = Api::<tessera_coordinator::crd::Queue>::all(client.clone())
+        .get("default")
+        .await
+        .expect("default Queue");
+    assert_eq!(queue.spec.gpu.map(|g| g.quota), Some(0.0));
+    let deployment = Api::<Deployment>::namespaced(client.clone(), ns)
+        .get("tessera-coordinator")
+        .await
+        .expect("Deployment");
+    assert_eq!(deployment.spec.replicas, Some(2));
+
+    let status = tokio::task::block_in_place(|| {
+        tessera_testcluster::helm(&["status", "tessera", "--namespace", ns], Some(&kubeconfig))
+    });
+    assert!(
+        status.success && status.stdout.contains("STATUS: deployed"),
+        "{}\n{}",
+        status.stdout,
+        status.stderr
     );
 }

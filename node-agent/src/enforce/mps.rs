@@ -5,7 +5,21 @@
 //!
 //! The per-client limits themselves travel in the Allocate response (see
 //! [`client_env`]): the MPS server enforces them inside the driver, so nothing in the
-//! container can bypass them.
+//! container can bypass them — but only for a client that really reaches the daemon.
+//! What the driver needs for that, as NVIDIA's device plugin arranges it:
+//! * the pipe directory *and* the daemon's `/dev/shm`: a client with a private
+//!   `/dev/shm` cannot attach and runs without limits, silently. The daemons use the
+//!   node-wide host directory `<base>/shm` as their `/dev/shm` (the chart mounts it
+//!   there) and every MPS container gets it mounted at `/dev/shm`;
+//! * one UID per GPU: the control daemon starts a server with the UID of the first
+//!   client and queues clients of any other UID until that server exits, so all MPS pods
+//!   sharing a GPU must run as the same user (`runAsUser`);
+//! * the memory limit keyed by device ordinal (`0=<N>M`), not UUID: the driver does not
+//!   apply UUID keys; an MPS container sees exactly its one GPU, as ordinal 0.
+//!
+//! Daemons started here live in the agent's container: they count against its memory
+//! limit and die when it is replaced. A separate privileged control-daemon container
+//! per node (NVIDIA's layout) is the remaining step; see `docs/` for the state.
 //!
 //! Daemons outlive the agent on purpose: restarting the agent must not cut running
 //! pods off their MPS server. A restarted agent adopts the daemons it finds alive.
@@ -99,6 +113,8 @@ pub struct MpsPaths {
     pub pipe: PathBuf,
     /// Log directory.
     pub log: PathBuf,
+    /// The daemons' shared memory (node-wide), mounted at clients' `/dev/shm`.
+    pub shm: PathBuf,
 }
 
 /// A daemon the manager looks after.
@@ -154,6 +170,7 @@ impl MpsManager {
         MpsPaths {
             pipe: root.join("pipe"),
             log: root.join("log"),
+            shm: self.config.base_dir.join("shm"),
         }
     }
 
@@ -300,7 +317,7 @@ impl MpsManager {
     /// Starts the daemon of `gpu` and waits until its PID file names a live process.
     async fn start(&self, gpu: &str, paths: &MpsPaths) -> Result<u32, MpsError> {
         let program = resolve(&self.config.control)?;
-        for dir in [&paths.pipe, &paths.log] {
+        for dir in [&paths.pipe, &paths.log, &paths.shm] {
             std::fs::create_dir_all(dir).map_err(|source| MpsError::Dir {
                 path: dir.display().to_string(),
                 source,
@@ -405,16 +422,12 @@ fn new_daemon() -> Daemon {
 }
 
 /// The client variables for a container limited to `memory_mib` and `compute_milli` of
-/// GPU `gpu`, whose daemon pipes are in `pipe`.
-pub fn client_env(
-    gpu: &str,
-    memory_mib: u64,
-    compute_milli: u32,
-    pipe: &Path,
-) -> HashMap<String, String> {
+/// its one GPU, whose daemon pipes are in `pipe`. The memory limit is keyed by device
+/// ordinal 0 (the container's only GPU): the driver ignores UUID keys.
+pub fn client_env(memory_mib: u64, compute_milli: u32, pipe: &Path) -> HashMap<String, String> {
     HashMap::from([
         (ENV_PIPE_DIRECTORY.to_owned(), pipe.display().to_string()),
-        (ENV_MEMORY_LIMIT.to_owned(), format!("{gpu}={memory_mib}M")),
+        (ENV_MEMORY_LIMIT.to_owned(), format!("0={memory_mib}M")),
         (
             ENV_THREAD_PERCENTAGE.to_owned(),
             compute_milli.div_ceil(10).clamp(1, 100).to_string(),
@@ -459,9 +472,10 @@ mod tests {
 
     #[test]
     fn client_env_has_the_three_limits() {
-        let env = client_env("GPU-a", 8192, 333, Path::new("/run/mps/GPU-a/pipe"));
+        let env = client_env(8192, 333, Path::new("/run/mps/GPU-a/pipe"));
         assert_eq!(env[ENV_PIPE_DIRECTORY], "/run/mps/GPU-a/pipe");
-        assert_eq!(env[ENV_MEMORY_LIMIT], "GPU-a=8192M");
+        // By ordinal: the driver does not apply limits keyed by UUID.
+        assert_eq!(env[ENV_MEMORY_LIMIT], "0=8192M");
         assert_eq!(env[ENV_THREAD_PERCENTAGE], "34");
     }
 

@@ -66,7 +66,8 @@ impl ProcessAttribution {
                 Some(pod) => out.pods.entry(pod.pod_uid).or_default(),
                 None => &mut out.unknown,
             };
-            slot.memory_used_mib += p.memory_used_mib;
+            // An unavailable figure adds nothing here; the watchdog treats it as unknown.
+            slot.memory_used_mib += p.memory_used_mib.unwrap_or(0);
             slot.sm_percent = (slot.sm_percent + p.sm_percent).min(100);
             slot.processes += 1;
         }
@@ -139,9 +140,9 @@ mod tests {
             sm_percent,
         };
         let usage = ProcessAttribution::new(dir.path()).usage(&[
-            proc(10, 1000, 30),
-            proc(11, 500, 80),
-            proc(99, 64, 5),
+            proc(10, Some(1000), 30),
+            proc(11, Some(500), 80),
+            proc(99, Some(64), 5),
         ]);
         assert_eq!(
             usage.pods.get(uid),

@@ -75,8 +75,11 @@ const DEAD_BAND: f64 = 1.0;
 pub struct PodProcesses {
     /// Their PIDs.
     pub pids: Vec<u32>,
-    /// Memory, MiB.
+    /// Memory, MiB (the processes whose figure NVML gives).
     pub memory_mib: u64,
+    /// Whether NVML reported some process's memory unavailable: the pod's memory is
+    /// then unknown, and no memory decision is taken on it.
+    pub memory_unknown: bool,
     /// SM utilisation, percent (summed, at most 100).
     pub sm_percent: u32,
 }
@@ -155,7 +158,10 @@ impl Watchdog {
                 Some(pod) => {
                     let group = pods.entry(pod.pod_uid).or_default();
                     group.pids.push(p.pid);
-                    group.memory_mib += p.memory_used_mib;
+                    match p.memory_used_mib {
+                        Some(m) => group.memory_mib += m,
+                        None => group.memory_unknown = true,
+                    }
                     group.sm_percent = (group.sm_percent + p.sm_percent).min(100);
                 }
                 None => {
@@ -163,7 +169,7 @@ impl Watchdog {
                     if self.unknown_seen.insert(p.pid) {
                         tracing::info!(
                             pid = p.pid,
-                            memory_mib = p.memory_used_mib,
+                            memory_mib = ?p.memory_used_mib,
                             "GPU process belongs to no pod; reported, never acted on"
                         );
                     }
@@ -248,6 +254,10 @@ impl Watchdog {
         for (limit, usage) in &enforced {
             let key = (limit.pod_uid.clone(), gpu.to_owned());
             live.insert(key.clone());
+            if usage.memory_unknown {
+                // Neither over nor under: keep whatever the guard knew.
+                continue;
+            }
             let (grace, action) = (self.config.memory_grace, self.config.memory_action);
             let guard = self
                 .memory
@@ -517,7 +527,14 @@ pub fn start_for_node(
     config: WatchdogConfig,
     events: Arc<dyn EventSink>,
 ) -> Option<WatchdogHandle> {
-    let gpus: Vec<String> = node.devices().iter().map(|d| d.uuid.clone()).collect();
+    // MIG parents are left out: MIG is hard isolation already, and their process and
+    // memory queries need monitoring privilege.
+    let gpus: Vec<String> = node
+        .devices()
+        .iter()
+        .filter(|d| d.mig.is_none())
+        .map(|d| d.uuid.clone())
+        .collect();
     let watchdog = Watchdog::new(
         config,
         Arc::clone(node.backend()),

@@ -38,6 +38,9 @@ pub enum GpuError {
     /// No GPU with this UUID.
     #[error("no GPU with uuid {0:?} on this node")]
     UnknownGpu(String),
+    /// Agent options that cannot work together.
+    #[error("{0}")]
+    Config(String),
     /// The `--gpu-backend` value is not understood.
     #[error("invalid --gpu-backend {0:?}: expected `nvml` or `sim:<file.yaml>`")]
     BadSpec(String),
@@ -48,6 +51,22 @@ pub enum GpuError {
         call: &'static str,
         /// The backend's kind.
         backend: &'static str,
+    },
+    /// NVML answered NO_PERMISSION or NOT_SUPPORTED: this datum is unknown for this GPU
+    /// (a MIG parent without monitoring privilege, a board without the counter), which
+    /// degrades that reading only.
+    #[error("NVML query {call}: {why}")]
+    Unavailable {
+        /// The query.
+        call: &'static str,
+        /// `no permission` or `not supported`, with what to do about it.
+        why: String,
+    },
+    /// NVML answered GPU_IS_LOST: the GPU fell off the bus.
+    #[error("NVML query {call}: the GPU is lost (fell off the bus)")]
+    Lost {
+        /// The query.
+        call: &'static str,
     },
     /// A MIG operation was refused.
     #[error("MIG on GPU {gpu}: {reason}")]
@@ -67,8 +86,11 @@ pub enum LinkPeer {
     Gpu,
     /// An NVSwitch: the GPU reaches every other switch-attached GPU through it.
     Switch,
-    /// Anything else (IBM NPU, unknown).
+    /// Anything else (IBM NPU).
     Other,
+    /// The driver could not say (`NVML_NVLINK_DEVICE_TYPE_UNKNOWN`, or the query failed);
+    /// [`resolve_link_peers`] decides from the remote PCI bus id.
+    Unknown,
 }
 
 /// One active NVLink of a GPU.
@@ -177,8 +199,12 @@ pub struct GpuDevice {
     pub uuid: String,
     /// Product name.
     pub model: String,
-    /// Total framebuffer memory.
+    /// Framebuffer memory a process can have: NVML's total less what the driver
+    /// reserves (`nvmlMemory_v2_t.reserved`).
     pub memory_total_mib: u64,
+    /// Memory the driver reserves for itself (part of NVML's total, never usable).
+    #[serde(default)]
+    pub memory_reserved_mib: u64,
     /// NUMA node of the GPU's PCIe root, when known.
     pub numa_node: Option<u32>,
     /// PCI bus id (`0000:18:00.0`).
@@ -187,6 +213,14 @@ pub struct GpuDevice {
     pub nvlinks: Vec<NvLink>,
     /// `Some` when the GPU is in MIG mode: its MIG devices (possibly none yet).
     pub mig: Option<Vec<MigDevice>>,
+    /// Data this GPU could not report, each as `what: why` (a MIG parent without
+    /// monitoring privilege, a counter the board lacks). The rest of the GPU is served.
+    #[serde(default)]
+    pub unknown: Vec<String>,
+    /// Why the GPU cannot be served at all (lost, inventory query failed); it is then
+    /// advertised unhealthy while the rest of the node keeps serving.
+    #[serde(default)]
+    pub fault: Option<String>,
 }
 
 impl GpuDevice {
@@ -210,19 +244,22 @@ pub fn short_uuid(uuid: &str) -> &str {
 pub struct GpuProcess {
     /// Host PID.
     pub pid: u32,
-    /// Framebuffer memory it holds.
-    pub memory_used_mib: u64,
-    /// SM utilisation over the last sample period, percent.
+    /// Framebuffer memory it holds, including its CUDA context (NVML counts the context,
+    /// a few hundred MiB per process and GPU); `None` when NVML reports it unavailable.
+    pub memory_used_mib: Option<u64>,
+    /// SM utilisation since the previous reading, percent: 0 when the driver logged no
+    /// sample for it since then (NVML logs samples only for processes that ran).
     pub sm_percent: u32,
 }
 
 /// A live reading of one GPU.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuSample {
-    /// Memory in use.
-    pub memory_used_mib: u64,
-    /// GPU utilisation, percent.
-    pub utilization_percent: u32,
+    /// Memory in use; `None` when unknown (a MIG parent without monitoring privilege
+    /// and no MIG device to read it from).
+    pub memory_used_mib: Option<u64>,
+    /// GPU utilisation, percent; `None` where NVML does not support it (MIG parents).
+    pub utilization_percent: Option<u32>,
     /// Compute processes.
     pub processes: Vec<GpuProcess>,
 }
@@ -246,6 +283,167 @@ impl XidEvent {
     }
 }
 
+/// Whether a GPU can be handed out, apart from XIDs: polled, so a GPU comes back
+/// once its condition clears.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GpuCondition {
+    /// Reachable, and its NVSwitch fabric (where it has one) is registered.
+    Ready,
+    /// It fell off the bus (GPU_IS_LOST) or stopped answering.
+    Lost(String),
+    /// On an NVSwitch system whose fabric manager has not (or not successfully)
+    /// registered this GPU: CUDA work on it would fail.
+    FabricNotReady(String),
+}
+
+/// One per-process utilisation sample as the driver logs it
+/// (`nvmlProcessUtilizationSample_t`): only processes that ran get samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UtilizationSample {
+    /// Host PID.
+    pub pid: u32,
+    /// CPU timestamp of the sample, microseconds.
+    pub timestamp_us: u64,
+    /// SM utilisation, percent.
+    pub sm_percent: u32,
+}
+
+/// Per-GPU bookkeeping for per-process utilisation: NVML returns every sample in its
+/// buffer newer than the timestamp it is given, so asking with 0 returns samples of
+/// processes that have since gone idle. The newest timestamp seen is kept per GPU and a
+/// process without a newer sample counts as 0%.
+///
+/// Several readers share one backend (watchdog, metrics, reporter) while the driver
+/// logs samples at its own rate (about every 170 ms): a reading less than `reuse`
+/// after the previous one of the same GPU gets the previous result instead of an empty
+/// window.
+#[derive(Debug, Default)]
+pub struct UtilizationCursor {
+    last_seen: parking_lot::Mutex<std::collections::HashMap<String, u64>>,
+    reuse: Duration,
+    previous: parking_lot::Mutex<std::collections::HashMap<String, UtilizationReading>>,
+}
+
+/// When a GPU's per-process utilisation was read, and what it was (PID to percent).
+type UtilizationReading = (std::time::Instant, std::collections::HashMap<u32, u32>);
+
+impl UtilizationCursor {
+    /// A cursor whose readings within `reuse` of the previous one repeat it.
+    pub fn with_reuse(reuse: Duration) -> Self {
+        Self {
+            reuse,
+            ..Self::default()
+        }
+    }
+
+    /// The previous result for GPU `uuid` when it is less than the reuse window old.
+    pub fn recent(&self, uuid: &str) -> Option<std::collections::HashMap<u32, u32>> {
+        let previous = self.previous.lock();
+        let (at, map) = previous.get(uuid)?;
+        (at.elapsed() < self.reuse).then(|| map.clone())
+    }
+
+    /// The timestamp to ask GPU `uuid`'s samples after.
+    pub fn since(&self, uuid: &str) -> u64 {
+        self.last_seen.lock().get(uuid).copied().unwrap_or(0)
+    }
+
+    /// Takes the samples NVML returned for `since(uuid)` and gives each PID's newest
+    /// utilisation; advances the cursor.
+    pub fn take(
+        &self,
+        uuid: &str,
+        samples: &[UtilizationSample],
+    ) -> std::collections::HashMap<u32, u32> {
+        let mut last = self.last_seen.lock();
+        let since = last.get(uuid).copied().unwrap_or(0);
+        let mut newest: std::collections::HashMap<u32, (u64, u32)> = Default::default();
+        for s in samples.iter().filter(|s| s.timestamp_us > since) {
+            let e = newest.entry(s.pid).or_insert((0, 0));
+            if s.timestamp_us >= e.0 {
+                *e = (s.timestamp_us, s.sm_percent.min(100));
+            }
+        }
+        if let Some(max) = samples.iter().map(|s| s.timestamp_us).max() {
+            let entry = last.entry(uuid.to_owned()).or_insert(0);
+            *entry = (*entry).max(max);
+        } else {
+            last.entry(uuid.to_owned()).or_insert(0);
+        }
+        drop(last);
+        let result: std::collections::HashMap<u32, u32> =
+            newest.into_iter().map(|(pid, (_, sm))| (pid, sm)).collect();
+        if !self.reuse.is_zero() {
+            self.previous
+                .lock()
+                .insert(uuid.to_owned(), (std::time::Instant::now(), result.clone()));
+        }
+        result
+    }
+}
+
+/// A PCI bus id in sysfs form (`0000:18:00.0`, lower case): NVML writes the domain
+/// with 8 digits (`00000000:18:00.0`) and upper case, `nvidia-smi` and sysfs with 4.
+pub fn canonical_bus_id(bus_id: &str) -> String {
+    let lower = bus_id.trim().to_ascii_lowercase();
+    match lower.split_once(':') {
+        Some((domain, rest)) if rest.contains(':') => {
+            let domain = u32::from_str_radix(domain, 16).unwrap_or(0);
+            format!("{domain:04x}:{rest}")
+        }
+        // No domain at all (`18:00.0`).
+        _ if lower.contains(':') => format!("0000:{lower}"),
+        _ => lower,
+    }
+}
+
+/// Decides links the driver could not type from their remote PCI bus id: one of this
+/// node's GPUs → a direct bridge, anything else → an NVSwitch (the only other NVLink
+/// endpoint on x86 systems). A link without a remote bus id stays [`LinkPeer::Other`].
+pub fn resolve_link_peers(devices: &mut [GpuDevice]) {
+    let gpus: std::collections::HashSet<String> = devices
+        .iter()
+        .map(|d| canonical_bus_id(&d.pci_bus_id))
+        .collect();
+    for device in devices.iter_mut() {
+        for link in &mut device.nvlinks {
+            if link.remote != LinkPeer::Unknown {
+                continue;
+            }
+            let remote = canonical_bus_id(&link.remote_pci_bus_id);
+            link.remote = if link.remote_pci_bus_id.trim().is_empty() {
+                LinkPeer::Other
+            } else if gpus.contains(&remote) {
+                LinkPeer::Gpu
+            } else {
+                LinkPeer::Switch
+            };
+        }
+    }
+}
+
+/// The resource-name form of a MIG profile: NVIDIA's device plugin names the
+/// media-extension profiles `1g.10gb+me` as `mig-1g.10gb.me` (`+` is not allowed in a
+/// resource name).
+pub fn resource_profile(profile: &str) -> String {
+    profile.replace('+', ".")
+}
+
+/// The NUMA node sysfs gives the PCI device `bus_id` under `sys_root` (normally
+/// `/sys`): NVML has none on x86 HGX boards, and the kubelet's Topology Manager aligns
+/// by it. `-1` (no NUMA affinity) and an unreadable file are `None`.
+pub fn sysfs_numa_node(sys_root: &std::path::Path, bus_id: &str) -> Option<u32> {
+    let path = sys_root
+        .join("bus/pci/devices")
+        .join(canonical_bus_id(bus_id))
+        .join("numa_node");
+    let text = std::fs::read_to_string(path).ok()?;
+    text.trim()
+        .parse::<i64>()
+        .ok()
+        .and_then(|n| u32::try_from(n).ok())
+}
+
 /// A source of GPU facts.
 pub trait GpuBackend: Send + Sync + 'static {
     /// `nvml` or `sim`.
@@ -262,6 +460,18 @@ pub trait GpuBackend: Send + Sync + 'static {
 
     /// Blocks up to `timeout` for the next XID event; `Ok(None)` when none came.
     fn wait_event(&self, timeout: Duration) -> Result<Option<XidEvent>, GpuError>;
+
+    /// Whether GPU `uuid` can be handed out now (reachable, fabric registered).
+    fn condition(&self, uuid: &str) -> GpuCondition {
+        let _ = uuid;
+        GpuCondition::Ready
+    }
+
+    /// Per-device XID registration as it happened: GPUs whose events could not be
+    /// registered (unsupported), each with the reason. Empty before the first wait.
+    fn event_gaps(&self) -> Vec<String> {
+        Vec::new()
+    }
 
     /// The GPU-instance profiles GPU `uuid` (in MIG mode) supports, with their placements.
     fn mig_profiles(&self, uuid: &str) -> Result<Vec<MigProfile>, GpuError> {

@@ -1,44 +1,87 @@
 //! The NVML backend (`nvml-wrapper`). The library is loaded at runtime, so the agent
 //! builds and starts on machines without the NVIDIA driver; there [`NvmlBackend::open`]
 //! fails with `NVML not available: …`.
+//!
+//! Read against NVML's header and NVIDIA's device plugin, three rules shape it:
+//! * a reading NVML refuses (NO_PERMISSION on a MIG parent without monitoring
+//!   privilege, NOT_SUPPORTED on a board without the counter) is unknown for that GPU,
+//!   never fatal for the node, and never read as 0;
+//! * a GPU that is lost or fails an inventory query is degraded alone
+//!   ([`GpuDevice::fault`]);
+//! * wrapper calls known to be wrong in nvml-wrapper 0.13 are made through the raw
+//!   library: `NvLink::remote_device_type` passes NVML a temporary and always returns
+//!   `Unknown`, and `EventSet::wait` drops the MIG instance an XID belongs to.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::TopologyLevel;
-use nvml_wrapper::enum_wrappers::nv_link::IntDeviceType;
 use nvml_wrapper::enums::device::UsedGpuMemory;
-use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::event::EventSet;
 use nvml_wrapper::{Device, Nvml};
 use parking_lot::Mutex;
 
 use super::{
-    GpuBackend, GpuDevice, GpuError, GpuProcess, GpuSample, LinkPeer, MigDevice, NvLink,
-    PcieRelation, XidEvent,
+    GpuBackend, GpuCondition, GpuDevice, GpuError, GpuProcess, GpuSample, LinkPeer, MigDevice,
+    NvLink, PcieRelation, UtilizationCursor, UtilizationSample, XidEvent, resolve_link_peers,
+    resource_profile, sysfs_numa_node,
 };
 use super::{MigInstance, MigProfile};
 use nvml_wrapper::error::nvml_try;
 use nvml_wrapper_sys::bindings as sys;
 
 /// Most NVLinks any GPU generation has (Hopper: 18).
-const MAX_NVLINKS: u32 = 18;
+const MAX_NVLINKS: u32 = sys::NVML_NVLINK_MAX_LINKS;
 
 const MIB: u64 = 1024 * 1024;
+
+/// Readings of one GPU closer together than this share one utilisation window (the
+/// driver logs per-process samples about every 170 ms).
+const UTILIZATION_REUSE: Duration = Duration::from_millis(250);
+
+/// `gpuInstanceId` of an event that belongs to no MIG instance.
+const NO_INSTANCE: u32 = u32::MAX;
 
 /// Real GPUs through NVML.
 pub struct NvmlBackend {
     nvml: &'static Nvml,
     /// Created on the first `wait_event`, then reused.
     events: Mutex<Option<EventSet<'static>>>,
+    /// GPUs whose XID events could not be registered, with why.
+    event_gaps: Mutex<Vec<String>>,
+    /// Per-process utilisation timestamps, per GPU.
+    utilization: UtilizationCursor,
+    /// Where PCI devices' NUMA nodes are read when NVML has none.
+    sys_root: PathBuf,
 }
 
+/// Maps an NVML error of `call` to the agent's: NO_PERMISSION and NOT_SUPPORTED make the
+/// datum unknown, GPU_IS_LOST says the GPU is gone.
 fn err(call: &'static str) -> impl Fn(NvmlError) -> GpuError {
-    move |e| GpuError::Nvml {
-        call,
-        reason: e.to_string(),
+    move |e| match e {
+        NvmlError::NoPermission => GpuError::Unavailable {
+            call,
+            why: "no permission (on a GPU in MIG mode this needs monitoring privilege: \
+                  NVIDIA_MIG_MONITOR_DEVICES=all and CAP_SYS_ADMIN in the agent's container)"
+                .to_owned(),
+        },
+        NvmlError::NotSupported => GpuError::Unavailable {
+            call,
+            why: "not supported on this GPU".to_owned(),
+        },
+        NvmlError::GpuLost => GpuError::Lost { call },
+        e => GpuError::Nvml {
+            call,
+            reason: e.to_string(),
+        },
     }
+}
+
+/// The value, or `None` with `what: error` noted when NVML cannot give it.
+fn known<T>(unknown: &mut Vec<String>, what: &str, r: Result<T, GpuError>) -> Option<T> {
+    r.map_err(|e| unknown.push(format!("{what}: {e}"))).ok()
 }
 
 impl NvmlBackend {
@@ -51,6 +94,9 @@ impl NvmlBackend {
         Ok(Self {
             nvml,
             events: Mutex::new(None),
+            event_gaps: Mutex::new(Vec::new()),
+            utilization: UtilizationCursor::with_reuse(UTILIZATION_REUSE),
+            sys_root: PathBuf::from("/sys"),
         })
     }
 
@@ -60,7 +106,28 @@ impl NvmlBackend {
             .map_err(|_| GpuError::UnknownGpu(uuid.to_owned()))
     }
 
-    fn describe(&self, device: &Device<'static>) -> Result<GpuDevice, GpuError> {
+    /// The remote end's type of `link`, through the raw call (see the module docs).
+    fn remote_type(&self, device: &Device<'static>, link: u32) -> LinkPeer {
+        let lib = self.nvml.lib();
+        let Ok(f) = lib.nvmlDeviceGetNvLinkRemoteDeviceType.as_ref() else {
+            return LinkPeer::Unknown;
+        };
+        let mut kind: sys::nvmlIntNvLinkDeviceType_t =
+            sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_UNKNOWN;
+        // SAFETY: valid device handle; out-pointer to a live local.
+        let code = unsafe { f(unsafe_handle(device), link, &mut kind) };
+        if code != sys::nvmlReturn_enum_NVML_SUCCESS {
+            return LinkPeer::Unknown;
+        }
+        match kind {
+            sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_GPU => LinkPeer::Gpu,
+            sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_SWITCH => LinkPeer::Switch,
+            sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_IBMNPU => LinkPeer::Other,
+            _ => LinkPeer::Unknown,
+        }
+    }
+
+    fn nvlinks(&self, device: &Device<'static>) -> Vec<NvLink> {
         let mut nvlinks = Vec::new();
         for link in 0..MAX_NVLINKS {
             let wrapper = device.link_wrapper_for(link);
@@ -73,67 +140,209 @@ impl NvmlBackend {
                 .remote_pci_info()
                 .map(|p| p.bus_id)
                 .unwrap_or_default();
-            let remote = match wrapper.remote_device_type(link) {
-                Ok(IntDeviceType::Gpu) => LinkPeer::Gpu,
-                Ok(IntDeviceType::Switch) => LinkPeer::Switch,
-                _ => LinkPeer::Other,
-            };
             nvlinks.push(NvLink {
                 link,
                 remote_pci_bus_id,
-                remote,
+                remote: self.remote_type(device, link),
             });
         }
-        let mig_enabled = device.mig_mode().map(|m| m.current == 1).unwrap_or(false);
-        let mig = if mig_enabled {
-            let count = device.mig_device_count().map_err(err("mig_device_count"))?;
+        nvlinks
+    }
+
+    fn is_mig_parent(device: &Device<'static>) -> bool {
+        device.mig_mode().map(|m| m.current == 1).unwrap_or(false)
+    }
+
+    /// The MIG device handles of a parent in MIG mode (indexes without one skipped).
+    fn mig_handles(&self, device: &Device<'static>) -> Result<Vec<Device<'static>>, GpuError> {
+        let count = device.mig_device_count().map_err(err("mig_device_count"))?;
+        Ok((0..count)
+            .filter_map(|i| device.mig_device_by_index(i).ok())
+            .collect())
+    }
+
+    /// (GPU instance id, compute instance id) of a MIG device handle.
+    fn mig_ids(&self, mig: &Device<'static>) -> Result<(u32, u32), GpuError> {
+        let lib = self.nvml.lib();
+        let gi_of = sym(
+            "nvmlDeviceGetGpuInstanceId",
+            lib.nvmlDeviceGetGpuInstanceId.as_ref(),
+        )?;
+        let ci_of = sym(
+            "nvmlDeviceGetComputeInstanceId",
+            lib.nvmlDeviceGetComputeInstanceId.as_ref(),
+        )?;
+        let (mut gi, mut ci) = (0u32, 0u32);
+        let handle = unsafe_handle(mig);
+        // SAFETY: valid MIG device handle and out-pointers to live locals.
+        unsafe {
+            ret("nvmlDeviceGetGpuInstanceId", gi_of(handle, &mut gi))?;
+            ret("nvmlDeviceGetComputeInstanceId", ci_of(handle, &mut ci))?;
+        }
+        Ok((gi, ci))
+    }
+
+    fn describe(&self, index: u32, device: &Device<'static>) -> Result<GpuDevice, GpuError> {
+        // Without its UUID a GPU cannot be named to anyone: the caller leaves it out.
+        let uuid = device.uuid().map_err(err("nvmlDeviceGetUUID"))?;
+        let mut unknown = Vec::new();
+        let mut fault = None;
+        let pci_bus_id = match device.pci_info() {
+            Ok(p) => p.bus_id,
+            Err(e) => {
+                fault = Some(format!("PCI info: {}", err("nvmlDeviceGetPciInfo")(e)));
+                String::new()
+            }
+        };
+        let model = known(
+            &mut unknown,
+            "name",
+            device.name().map_err(err("nvmlDeviceGetName")),
+        )
+        .unwrap_or_else(|| "unknown".to_owned());
+        let mig_mode = Self::is_mig_parent(device);
+        let mig = if mig_mode {
             let mut instances = Vec::new();
-            for i in 0..count {
-                let Ok(mig) = device.mig_device_by_index(i) else {
-                    continue;
-                };
+            for mig in
+                known(&mut unknown, "MIG devices", self.mig_handles(device)).unwrap_or_default()
+            {
                 let name = mig.name().unwrap_or_default();
+                let Ok(mig_uuid) = mig.uuid() else { continue };
+                // A MIG device's own memory is readable without monitoring privilege.
+                let memory = known(
+                    &mut unknown,
+                    &format!("memory of {mig_uuid}"),
+                    mig.memory_info().map_err(err("nvmlDeviceGetMemoryInfo_v2")),
+                );
                 instances.push(MigDevice {
-                    uuid: mig.uuid().map_err(err("mig uuid"))?,
-                    profile: mig_profile(&name).unwrap_or("unknown").to_owned(),
-                    memory_total_mib: mig.memory_info().map(|m| m.total / MIB).unwrap_or(0),
+                    uuid: mig_uuid,
+                    profile: resource_profile(mig_profile(&name).unwrap_or("unknown")),
+                    memory_total_mib: memory
+                        .map_or(0, |m| (m.total - m.reserved.min(m.total)) / MIB),
                 });
             }
             Some(instances)
         } else {
             None
         };
+        let (memory_total_mib, memory_reserved_mib) = match device.memory_info() {
+            Ok(m) => ((m.total - m.reserved.min(m.total)) / MIB, m.reserved / MIB),
+            Err(e) => {
+                let e = err("nvmlDeviceGetMemoryInfo_v2")(e);
+                if matches!(e, GpuError::Lost { .. }) {
+                    fault = Some(format!("memory: {e}"));
+                }
+                unknown.push(format!("memory: {e}"));
+                // A MIG parent without privilege: the full-GPU instance's memory is the
+                // most any pod can have, else what its MIG devices hold.
+                let full = self
+                    .gi_profile_info(
+                        unsafe_handle(device),
+                        sys::NVML_GPU_INSTANCE_PROFILE_7_SLICE,
+                    )
+                    .ok()
+                    .flatten()
+                    .map(|p| p.memorySizeMB);
+                let devices: u64 = mig.iter().flatten().map(|m| m.memory_total_mib).sum();
+                (full.unwrap_or(devices), 0)
+            }
+        };
+        let numa_node = device
+            .numa_node_id()
+            .ok()
+            .or_else(|| sysfs_numa_node(&self.sys_root, &pci_bus_id));
         Ok(GpuDevice {
-            index: device.index().map_err(err("index"))?,
-            uuid: device.uuid().map_err(err("uuid"))?,
-            model: device.name().map_err(err("name"))?,
-            memory_total_mib: device.memory_info().map_err(err("memory_info"))?.total / MIB,
-            numa_node: device.numa_node_id().ok(),
-            pci_bus_id: device.pci_info().map_err(err("pci_info"))?.bus_id,
-            nvlinks,
+            index,
+            uuid,
+            model,
+            memory_total_mib,
+            memory_reserved_mib,
+            numa_node,
+            pci_bus_id,
+            nvlinks: self.nvlinks(device),
             mig,
+            unknown,
+            fault,
         })
     }
 
     fn event_set(&self) -> Result<EventSet<'static>, GpuError> {
-        let mut set = self
+        let set = self
             .nvml
             .create_event_set()
-            .map_err(err("create_event_set"))?;
-        let count = self.nvml.device_count().map_err(err("device_count"))?;
+            .map_err(err("nvmlEventSetCreate"))?;
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(err("nvmlDeviceGetCount"))?;
+        let mut gaps = Vec::new();
         for i in 0..count {
-            let device = self
-                .nvml
-                .device_by_index(i)
-                .map_err(err("device_by_index"))?;
-            set = device
-                .register_events(EventTypes::CRITICAL_XID_ERROR, set)
-                .map_err(|e| GpuError::Nvml {
-                    call: "register_events",
-                    reason: e.error.to_string(),
-                })?;
+            let device = match self.nvml.device_by_index(i) {
+                Ok(d) => d,
+                Err(e) => {
+                    gaps.push(format!("GPU {i}: {}", err("nvmlDeviceGetHandleByIndex")(e)));
+                    continue;
+                }
+            };
+            let name = device.uuid().unwrap_or_else(|_| format!("GPU {i}"));
+            // Each GPU is registered with the types it supports: one GPU that supports
+            // none (or refuses) must not leave the others unwatched.
+            let supported = match device.supported_event_types() {
+                Ok(t) => t,
+                Err(e) => {
+                    gaps.push(format!(
+                        "{name}: {}",
+                        err("nvmlDeviceGetSupportedEventTypes")(e)
+                    ));
+                    continue;
+                }
+            };
+            if !supported.contains(EventTypes::CRITICAL_XID_ERROR) {
+                gaps.push(format!("{name}: XID events not supported"));
+                continue;
+            }
+            // The raw call: the wrapper's `register_events` releases the whole set when
+            // one GPU refuses, which would leave every GPU unwatched.
+            let register = sym(
+                "nvmlDeviceRegisterEvents",
+                self.nvml.lib().nvmlDeviceRegisterEvents.as_ref(),
+            )?;
+            // SAFETY: valid device and event-set handles, both alive for the call.
+            let code = unsafe {
+                register(
+                    unsafe_handle(&device),
+                    EventTypes::CRITICAL_XID_ERROR.bits(),
+                    set.handle(),
+                )
+            };
+            if let Err(e) = nvml_try(code) {
+                gaps.push(format!("{name}: {}", err("nvmlDeviceRegisterEvents")(e)));
+            }
         }
+        for gap in &gaps {
+            tracing::warn!("XID events not watched on {gap}");
+        }
+        *self.event_gaps.lock() = gaps;
         Ok(set)
+    }
+
+    /// The MIG device (parent `device`, GPU instance `gi`, compute instance `ci`).
+    fn mig_uuid_of(&self, device: &Device<'static>, gi: u32, ci: u32) -> Option<String> {
+        self.mig_handles(device).ok()?.into_iter().find_map(|mig| {
+            let (g, c) = self.mig_ids(&mig).ok()?;
+            (g == gi && (ci == NO_INSTANCE || c == ci)).then(|| mig.uuid().ok())?
+        })
+    }
+}
+
+/// The name of an `NVML_GPU_FABRIC_STATE_*` value.
+fn fabric_state_name(state: u8) -> &'static str {
+    match u32::from(state) {
+        sys::NVML_GPU_FABRIC_STATE_NOT_SUPPORTED => "not supported",
+        sys::NVML_GPU_FABRIC_STATE_NOT_STARTED => "not started",
+        sys::NVML_GPU_FABRIC_STATE_IN_PROGRESS => "in progress",
+        sys::NVML_GPU_FABRIC_STATE_COMPLETED => "completed",
+        _ => "unknown",
     }
 }
 
@@ -148,23 +357,32 @@ impl GpuBackend for NvmlBackend {
     }
 
     fn devices(&self) -> Result<Vec<GpuDevice>, GpuError> {
-        let count = self.nvml.device_count().map_err(err("device_count"))?;
-        (0..count)
-            .map(|i| {
-                let device = self
-                    .nvml
-                    .device_by_index(i)
-                    .map_err(err("device_by_index"))?;
-                self.describe(&device)
-            })
-            .collect()
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(err("nvmlDeviceGetCount"))?;
+        let mut devices = Vec::new();
+        for i in 0..count {
+            let described = self
+                .nvml
+                .device_by_index(i)
+                .map_err(err("nvmlDeviceGetHandleByIndex"))
+                .and_then(|d| self.describe(i, &d));
+            match described {
+                Ok(d) => devices.push(d),
+                // A GPU that cannot even be named is left out, never the whole node.
+                Err(error) => tracing::error!(index = i, %error, "GPU left out of the inventory"),
+            }
+        }
+        resolve_link_peers(&mut devices);
+        Ok(devices)
     }
 
     fn pcie_relation(&self, a: &str, b: &str) -> Result<PcieRelation, GpuError> {
         let (a, b) = (self.by_uuid(a)?, self.by_uuid(b)?);
         let level = a
             .topology_common_ancestor(b)
-            .map_err(err("topology_common_ancestor"))?;
+            .map_err(err("nvmlDeviceGetTopologyCommonAncestor"))?;
         Ok(match level {
             TopologyLevel::Internal => PcieRelation::SameBoard,
             TopologyLevel::Single => PcieRelation::SingleSwitch,
@@ -177,32 +395,81 @@ impl GpuBackend for NvmlBackend {
 
     fn sample(&self, uuid: &str) -> Result<GpuSample, GpuError> {
         let device = self.by_uuid(uuid)?;
-        let memory = device.memory_info().map_err(err("memory_info"))?;
-        let utilization = device
-            .utilization_rates()
-            .map_err(err("utilization_rates"))?;
-        // Per-process SM utilisation is optional (not on every board); missing means 0.
-        let sm = device.process_utilization_stats(None).unwrap_or_default();
+        let to_process = |p: nvml_wrapper::struct_wrappers::device::ProcessInfo| GpuProcess {
+            pid: p.pid,
+            memory_used_mib: match p.used_gpu_memory {
+                UsedGpuMemory::Used(bytes) => Some(bytes / MIB),
+                UsedGpuMemory::Unavailable => None,
+            },
+            sm_percent: 0,
+        };
+        if Self::is_mig_parent(&device) {
+            // The parent's memory and process queries need monitoring privilege and its
+            // utilisation is not supported: read its MIG devices instead.
+            let mut used = Some(0u64);
+            let mut processes = Vec::new();
+            for mig in self.mig_handles(&device)? {
+                match mig.memory_info() {
+                    Ok(m) => used = used.map(|u| u + m.used / MIB),
+                    Err(_) => used = None,
+                }
+                let listed = mig
+                    .running_compute_processes()
+                    .map_err(err("nvmlDeviceGetComputeRunningProcesses (MIG device)"))?;
+                processes.extend(listed.into_iter().map(to_process));
+            }
+            return Ok(GpuSample {
+                memory_used_mib: used,
+                utilization_percent: None,
+                processes,
+            });
+        }
+        let memory = match device.memory_info() {
+            Ok(m) => Some(m.used / MIB),
+            Err(e) => match err("nvmlDeviceGetMemoryInfo_v2")(e) {
+                GpuError::Unavailable { .. } => None,
+                e => return Err(e),
+            },
+        };
+        let utilization = match device.utilization_rates() {
+            Ok(u) => Some(u.gpu),
+            Err(e) => match err("nvmlDeviceGetUtilizationRates")(e) {
+                GpuError::Unavailable { .. } => None,
+                e => return Err(e),
+            },
+        };
+        let sm = match self.utilization.recent(uuid) {
+            Some(sm) => sm,
+            None => {
+                // Only samples newer than the last reading count; NOT_FOUND (none
+                // since) and NOT_SUPPORTED leave every process at 0.
+                let raw = device
+                    .process_utilization_stats(self.utilization.since(uuid))
+                    .unwrap_or_default();
+                let samples: Vec<UtilizationSample> = raw
+                    .iter()
+                    .map(|s| UtilizationSample {
+                        pid: s.pid,
+                        timestamp_us: s.timestamp,
+                        sm_percent: s.sm_util,
+                    })
+                    .collect();
+                self.utilization.take(uuid, &samples)
+            }
+        };
         let processes = device
             .running_compute_processes()
-            .map_err(err("running_compute_processes"))?
+            .map_err(err("nvmlDeviceGetComputeRunningProcesses"))?
             .into_iter()
-            .map(|p| GpuProcess {
-                pid: p.pid,
-                memory_used_mib: match p.used_gpu_memory {
-                    UsedGpuMemory::Used(bytes) => bytes / MIB,
-                    UsedGpuMemory::Unavailable => 0,
-                },
-                sm_percent: sm
-                    .iter()
-                    .filter(|s| s.pid == p.pid)
-                    .max_by_key(|s| s.timestamp)
-                    .map_or(0, |s| s.sm_util),
+            .map(|p| {
+                let mut p = to_process(p);
+                p.sm_percent = sm.get(&p.pid).copied().unwrap_or(0);
+                p
             })
             .collect();
         Ok(GpuSample {
-            memory_used_mib: memory.used / MIB,
-            utilization_percent: utilization.gpu,
+            memory_used_mib: memory,
+            utilization_percent: utilization,
             processes,
         })
     }
@@ -216,25 +483,69 @@ impl GpuBackend for NvmlBackend {
             return Ok(None);
         };
         let millis = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
-        match set.wait(millis) {
-            Ok(event) => {
-                let uuid = event.device.uuid().map_err(err("uuid"))?;
-                let xid = match event.event_data {
-                    Some(XidError::Value(x)) => x,
-                    // An unknown XID is treated as the worst case.
-                    Some(XidError::Unknown) | None => 999,
-                };
-                Ok(Some(XidEvent { uuid, xid }))
-            }
-            Err(NvmlError::Timeout) => Ok(None),
-            Err(e) => Err(err("event_set.wait")(e)),
+        // The raw wait: the wrapper's drops the GPU / compute instance ids.
+        let wait = sym(
+            "nvmlEventSetWait_v2",
+            self.nvml.lib().nvmlEventSetWait_v2.as_ref(),
+        )?;
+        // SAFETY: plain C struct, zero is a valid bit pattern.
+        let mut data: sys::nvmlEventData_t = unsafe { std::mem::zeroed() };
+        // SAFETY: the set lives in `guard` for the call; out-pointer to a live local.
+        let code = unsafe { wait(set.handle(), &mut data, millis) };
+        match nvml_try(code) {
+            Ok(()) => {}
+            Err(NvmlError::Timeout) => return Ok(None),
+            Err(e) => return Err(err("nvmlEventSetWait_v2")(e)),
         }
+        // SAFETY: the driver hands back one of its device handles; the leaked `Nvml`
+        // outlives it.
+        let device = unsafe { Device::new(data.device, self.nvml) };
+        let parent = device.uuid().map_err(err("nvmlDeviceGetUUID"))?;
+        let uuid = if data.gpuInstanceId != NO_INSTANCE && Self::is_mig_parent(&device) {
+            self.mig_uuid_of(&device, data.gpuInstanceId, data.computeInstanceId)
+                .unwrap_or(parent)
+        } else {
+            parent
+        };
+        // 999 is NVML's "unknown XID", taken as the worst case like any unknown code.
+        Ok(Some(XidEvent {
+            uuid,
+            xid: data.eventData,
+        }))
+    }
+
+    fn condition(&self, uuid: &str) -> GpuCondition {
+        let device = match self.nvml.device_by_uuid(uuid) {
+            Ok(d) => d,
+            Err(e) => return GpuCondition::Lost(err("nvmlDeviceGetHandleByUUID")(e).to_string()),
+        };
+        // Any cheap query tells a lost GPU: the driver answers GPU_IS_LOST.
+        if let Err(NvmlError::GpuLost) = device.pci_info() {
+            return GpuCondition::Lost("NVML answers GPU_IS_LOST".to_owned());
+        }
+        match self.fabric(&device) {
+            Some((state, status)) if state != sys::NVML_GPU_FABRIC_STATE_COMPLETED as u8 => {
+                GpuCondition::FabricNotReady(format!(
+                    "fabric state {} ({})",
+                    fabric_state_name(state),
+                    status
+                ))
+            }
+            Some((_, status)) if status != "success" => {
+                GpuCondition::FabricNotReady(format!("fabric registration failed: {status}"))
+            }
+            _ => GpuCondition::Ready,
+        }
+    }
+
+    fn event_gaps(&self) -> Vec<String> {
+        self.event_gaps.lock().clone()
     }
 
     fn mig_profiles(&self, uuid: &str) -> Result<Vec<MigProfile>, GpuError> {
         let device = self.by_uuid(uuid)?;
         let model = device.name().unwrap_or_default();
-        let memory = device.memory_info().map(|m| m.total / MIB).unwrap_or(0);
+        let memory = self.parent_memory_mib(&device);
         let known = crate::enforce::mig::profiles::table_for(&model, memory).unwrap_or_default();
         let handle = unsafe_handle(&device);
         let mut out = Vec::new();
@@ -263,30 +574,12 @@ impl GpuBackend for NvmlBackend {
         let device = self.by_uuid(uuid)?;
         let handle = unsafe_handle(&device);
         let model = device.name().unwrap_or_default();
-        let memory = device.memory_info().map(|m| m.total / MIB).unwrap_or(0);
+        let memory = self.parent_memory_mib(&device);
         let known = crate::enforce::mig::profiles::table_for(&model, memory).unwrap_or_default();
         // MIG devices by (GPU instance, compute instance): their UUIDs and processes.
         let mut mig_devices = Vec::new();
-        for i in 0..device.mig_device_count().map_err(err("mig_device_count"))? {
-            let Ok(mig) = device.mig_device_by_index(i) else {
-                continue;
-            };
-            let mig_handle = unsafe_handle(&mig);
-            let (mut gi, mut ci) = (0u32, 0u32);
-            let lib = self.nvml.lib();
-            let gi_of = sym(
-                "nvmlDeviceGetGpuInstanceId",
-                lib.nvmlDeviceGetGpuInstanceId.as_ref(),
-            )?;
-            let ci_of = sym(
-                "nvmlDeviceGetComputeInstanceId",
-                lib.nvmlDeviceGetComputeInstanceId.as_ref(),
-            )?;
-            // SAFETY: valid MIG device handle and out-pointers to live locals.
-            unsafe {
-                ret("nvmlDeviceGetGpuInstanceId", gi_of(mig_handle, &mut gi))?;
-                ret("nvmlDeviceGetComputeInstanceId", ci_of(mig_handle, &mut ci))?;
-            }
+        for mig in self.mig_handles(&device)? {
+            let (gi, ci) = self.mig_ids(&mig)?;
             let processes = mig
                 .running_compute_processes()
                 .map(|p| p.len())
@@ -470,6 +763,45 @@ fn ret(call: &'static str, code: sys::nvmlReturn_t) -> Result<(), GpuError> {
 }
 
 impl NvmlBackend {
+    /// NVML's total memory of a GPU (the profile tables key on it); on a MIG parent
+    /// without monitoring privilege, the full-GPU instance's.
+    fn parent_memory_mib(&self, device: &Device<'static>) -> u64 {
+        device
+            .memory_info()
+            .map(|m| m.total / MIB)
+            .unwrap_or_else(|_| {
+                self.gi_profile_info(
+                    unsafe_handle(device),
+                    sys::NVML_GPU_INSTANCE_PROFILE_7_SLICE,
+                )
+                .ok()
+                .flatten()
+                .map_or(0, |p| p.memorySizeMB)
+            })
+    }
+
+    /// NVSwitch fabric registration of a GPU as (state, status text); `None` where the
+    /// GPU has no fabric or the driver lacks the call.
+    fn fabric(&self, device: &Device<'static>) -> Option<(u8, String)> {
+        let f = self.nvml.lib().nvmlDeviceGetGpuFabricInfoV.as_ref().ok()?;
+        // SAFETY: plain C struct, zero is a valid bit pattern.
+        let mut info: sys::nvmlGpuFabricInfoV_t = unsafe { std::mem::zeroed() };
+        // NVML_STRUCT_VERSION(GpuFabricInfo, 3), as nvml.h defines it.
+        info.version = (std::mem::size_of::<sys::nvmlGpuFabricInfoV_t>() | (3 << 24)) as u32;
+        // SAFETY: valid device handle; out-pointer to a live local.
+        let code = unsafe { f(unsafe_handle(device), &mut info) };
+        if code != sys::nvmlReturn_enum_NVML_SUCCESS
+            || u32::from(info.state) == sys::NVML_GPU_FABRIC_STATE_NOT_SUPPORTED
+        {
+            return None;
+        }
+        let status = match nvml_try(info.status) {
+            Ok(()) => "success".to_owned(),
+            Err(e) => e.to_string(),
+        };
+        Some((info.state, status))
+    }
+
     /// GPU-instance profile `index` of a device; `None` when the device has no such profile.
     fn gi_profile_info(
         &self,

@@ -3,7 +3,7 @@
 //! and utilisation come and go, XID faults are injected, and the agent sees them
 //! through the same [`GpuBackend`] trait as real hardware.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -11,15 +11,17 @@ use parking_lot::{Condvar, Mutex};
 use serde::Deserialize;
 
 use super::{
-    GpuBackend, GpuDevice, GpuError, GpuProcess, GpuSample, LinkPeer, MigDevice, NvLink,
-    PcieRelation, XidEvent,
+    GpuBackend, GpuCondition, GpuDevice, GpuError, GpuProcess, GpuSample, LinkPeer, MigDevice,
+    NvLink, PcieRelation, UtilizationCursor, UtilizationSample, XidEvent, resolve_link_peers,
+    resource_profile,
 };
 use super::{MigInstance, MigProfile};
 use crate::enforce::mig::planner::{Span, choose_placement, fits_at};
 
 /// The YAML file, in the format of `hack/gpus/README.md`. Fields the agent does not
 /// need (`description`, `cpu_milli`, `memory_mib`, MIG `compute_milli`) are accepted and
-/// ignored; `uuid`, `pcie_switch` and `nvswitch_links` are optional agent-only extras.
+/// ignored; `uuid`, `pcie_switch`, `nvswitch_links` and the driver-behaviour fields below
+/// are optional agent-only extras.
 #[derive(Debug, Deserialize)]
 struct ShapeFile {
     name: Option<String>,
@@ -30,6 +32,12 @@ struct ShapeFile {
     nvswitch_links: Option<u32>,
     #[serde(default)]
     nvlinks: Vec<NvLinkEntry>,
+    /// `unknown`: the driver cannot type the far end of a link (what nvml-wrapper 0.13
+    /// always reports); the agent must decide from the remote bus id.
+    nvlink_remote_type: Option<String>,
+    /// Whether the agent has MIG monitoring privilege (default true, as the chart
+    /// grants it); without it a MIG parent's memory reads NO_PERMISSION.
+    mig_monitor: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -42,6 +50,13 @@ struct GpuEntry {
     uuid: Option<String>,
     pcie_switch: Option<u32>,
     mig: Option<Vec<MigInstanceEntry>>,
+    /// Memory the driver reserves out of `memory_mib` (default 0).
+    reserved_mib: Option<u64>,
+    /// Whether the GPU supports XID events (default true).
+    xid_events: Option<bool>,
+    /// NVSwitch fabric state: `completed` (default on NVSwitch shapes), `in-progress`,
+    /// `not-started` or `failed`.
+    fabric: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -70,10 +85,46 @@ struct PciePlace {
     switch: u32,
 }
 
+/// Fabric states the simulator models.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SimFabric {
+    /// No NVSwitch fabric.
+    None,
+    /// Registered.
+    Completed,
+    /// The fabric manager is still registering the GPU.
+    InProgress,
+    /// The fabric manager has not started.
+    NotStarted,
+    /// Registration failed.
+    Failed,
+}
+
+impl SimFabric {
+    fn parse(text: &str) -> Option<Self> {
+        Some(match text {
+            "completed" => SimFabric::Completed,
+            "in-progress" => SimFabric::InProgress,
+            "not-started" => SimFabric::NotStarted,
+            "failed" => SimFabric::Failed,
+            _ => return None,
+        })
+    }
+}
+
 #[derive(Debug, Default)]
 struct Live {
     /// Processes per GPU uuid.
     processes: HashMap<String, Vec<GpuProcess>>,
+    /// The driver's per-process utilisation log per GPU: a sample for every reading in
+    /// which a process ran (idle processes get none), kept like NVML's ring buffer.
+    util_log: HashMap<String, VecDeque<UtilizationSample>>,
+    /// The last timestamp written to `util_log`.
+    util_clock: u64,
+    /// GPUs that fell off the bus.
+    lost: HashSet<String>,
+    /// Fabric state per GPU (absent: none).
+    fabric: HashMap<String, SimFabric>,
     /// Pending XID events, oldest first.
     events: VecDeque<XidEvent>,
     /// Processes whose utilisation follows their real CPU use, by PID.
@@ -90,7 +141,16 @@ pub struct SimBackend {
     event_ready: Condvar,
     /// MIG instances and slices, built from the shape on first use.
     mig: Mutex<Option<SimMig>>,
+    /// GPUs whose driver does not support XID events (their events never arrive).
+    no_events: HashSet<String>,
+    /// Per-process utilisation timestamps, as the NVML backend keeps them.
+    utilization: UtilizationCursor,
+    /// The simulated clock of the utilisation log, microseconds.
+    started: Instant,
 }
+
+/// Samples the simulated driver keeps per GPU (NVML's buffer holds about this many).
+const UTIL_LOG_LEN: usize = 128;
 
 /// PCI bus id the simulated NVSwitches report as the far end of switch links.
 const SWITCH_PCI_BUS_ID: &str = "0000:e0:00.0";
@@ -114,10 +174,24 @@ impl SimBackend {
         })
     }
 
-    /// Parses a shape from YAML text; `default_name` is used when the file has no `name`.
-    pub fn from_yaml(text: &str, default_name: &str) -> Result<Self, String> {
+    /// Parses a shape from YAML text for machine `machine`, which is also the name when
+    /// the file has none. GPU UUIDs derive from the machine and the shape, so two
+    /// machines built from one shape have GPUs of their own, as real machines do.
+    pub fn from_yaml(text: &str, machine: &str) -> Result<Self, String> {
         let file: ShapeFile = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
-        let name = file.name.unwrap_or_else(|| default_name.to_owned());
+        let name = file.name.clone().unwrap_or_else(|| machine.to_owned());
+        let unknown_links = match file.nvlink_remote_type.as_deref() {
+            None | Some("known") => false,
+            Some("unknown") => true,
+            Some(other) => {
+                return Err(format!(
+                    "nvlink_remote_type: {other:?} is not `known` or `unknown`"
+                ));
+            }
+        };
+        let mig_monitor = file.mig_monitor.unwrap_or(true);
+        let mut no_events = HashSet::new();
+        let mut fabric = HashMap::new();
         if file.gpus.is_empty() {
             return Err("gpus: at least one GPU is required".to_owned());
         }
@@ -134,7 +208,29 @@ impl SimBackend {
             let uuid = gpu
                 .uuid
                 .clone()
-                .unwrap_or_else(|| derived_uuid("GPU", &format!("{name}/{pos}")));
+                .unwrap_or_else(|| derived_uuid("GPU", &format!("{machine}/{name}/{pos}")));
+            let reserved = gpu.reserved_mib.unwrap_or(0);
+            if reserved >= gpu.memory_mib {
+                return Err(format!(
+                    "gpus[{pos}].reserved_mib: must be less than memory_mib ({})",
+                    gpu.memory_mib
+                ));
+            }
+            if !gpu.xid_events.unwrap_or(true) {
+                no_events.insert(uuid.clone());
+            }
+            let state = match gpu.fabric.as_deref() {
+                None if file.nvswitch => SimFabric::Completed,
+                None => SimFabric::None,
+                Some(text) => SimFabric::parse(text).ok_or_else(|| {
+                    format!(
+                        "gpus[{pos}].fabric: {text:?} is not completed, in-progress, not-started or failed"
+                    )
+                })?,
+            };
+            if state != SimFabric::None {
+                fabric.insert(uuid.clone(), state);
+            }
             let mig = match &gpu.mig {
                 None => None,
                 Some(mig) => {
@@ -144,7 +240,7 @@ impl SimBackend {
                             || !inst
                                 .profile
                                 .chars()
-                                .all(|c| c.is_ascii_alphanumeric() || c == '.')
+                                .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '+')
                         {
                             return Err(format!(
                                 "gpus[{pos}].mig[{k}].profile: {:?} is not a MIG profile like `1g.5gb`",
@@ -156,18 +252,35 @@ impl SimBackend {
                                 .uuid
                                 .clone()
                                 .unwrap_or_else(|| derived_uuid("MIG", &format!("{uuid}/{k}"))),
-                            profile: inst.profile.clone(),
+                            // As the NVML backend names it from the device name.
+                            profile: resource_profile(&inst.profile),
                             memory_total_mib: inst.memory_mib,
                         });
                     }
                     Some(instances)
                 }
             };
+            let mut unknown = Vec::new();
+            let mut memory_total_mib = gpu.memory_mib - reserved;
+            let mut memory_reserved_mib = reserved;
+            if mig.is_some() && !mig_monitor {
+                // NVML: a MIG parent's memory needs monitoring privilege. The agent
+                // falls back on the full-GPU instance's memory.
+                unknown.push(
+                    "memory: NVML query nvmlDeviceGetMemoryInfo_v2: no permission (on a GPU in MIG mode this needs monitoring privilege: NVIDIA_MIG_MONITOR_DEVICES=all and CAP_SYS_ADMIN in the agent's container)".to_owned()
+                );
+                memory_total_mib =
+                    crate::enforce::mig::profiles::table_for(&gpu.model, gpu.memory_mib)
+                        .and_then(|t| t.iter().map(|p| p.memory_mib).max())
+                        .unwrap_or(gpu.memory_mib - reserved);
+                memory_reserved_mib = 0;
+            }
             devices.push(GpuDevice {
                 index: pos,
                 uuid,
                 model: gpu.model.clone(),
-                memory_total_mib: gpu.memory_mib,
+                memory_total_mib,
+                memory_reserved_mib,
                 numa_node: Some(gpu.numa),
                 pci_bus_id: gpu
                     .pci_bus_id
@@ -175,6 +288,8 @@ impl SimBackend {
                     .unwrap_or_else(|| format!("0000:{:02x}:00.0", (0x10 + pos * 8) % 0xe0)),
                 nvlinks: Vec::new(),
                 mig,
+                unknown,
+                fault: None,
             });
             pcie.push(PciePlace {
                 numa: Some(gpu.numa),
@@ -205,7 +320,11 @@ impl SimBackend {
                     links.push(NvLink {
                         link: n,
                         remote_pci_bus_id: remote.clone(),
-                        remote: LinkPeer::Gpu,
+                        remote: if unknown_links {
+                            LinkPeer::Unknown
+                        } else {
+                            LinkPeer::Gpu
+                        },
                     });
                 }
             }
@@ -220,7 +339,11 @@ impl SimBackend {
                     device.nvlinks.push(NvLink {
                         link: n,
                         remote_pci_bus_id: SWITCH_PCI_BUS_ID.to_owned(),
-                        remote: LinkPeer::Switch,
+                        remote: if unknown_links {
+                            LinkPeer::Unknown
+                        } else {
+                            LinkPeer::Switch
+                        },
                     });
                 }
             }
@@ -229,9 +352,15 @@ impl SimBackend {
             name,
             devices,
             pcie,
-            live: Mutex::new(Live::default()),
+            live: Mutex::new(Live {
+                fabric,
+                ..Live::default()
+            }),
             event_ready: Condvar::new(),
             mig: Mutex::new(None),
+            no_events,
+            utilization: UtilizationCursor::default(),
+            started: Instant::now(),
         })
     }
 
@@ -271,7 +400,7 @@ impl SimBackend {
         let list = live.processes.entry(uuid.to_owned()).or_default();
         let process = GpuProcess {
             pid,
-            memory_used_mib,
+            memory_used_mib: Some(memory_used_mib),
             sm_percent: sm_percent.min(100),
         };
         match list.iter_mut().find(|p| p.pid == pid) {
@@ -313,14 +442,76 @@ impl SimBackend {
         Ok(())
     }
 
-    /// Reports XID `xid` on GPU `uuid`, as the driver would.
+    /// Reports XID `xid` on GPU or MIG device `uuid`, as the driver would: an XID in a
+    /// MIG instance names that instance; a GPU without XID event support delivers
+    /// nothing.
     pub fn inject_xid(&self, uuid: &str, xid: u64) -> Result<(), GpuError> {
-        self.check(uuid)?;
+        let parent = match self.check(uuid) {
+            Ok(i) => self.devices[i].uuid.clone(),
+            Err(e) => match self.mig_parent_of(uuid) {
+                Some(parent) => parent,
+                None => return Err(e),
+            },
+        };
+        if self.no_events.contains(&parent) {
+            return Ok(());
+        }
         self.live.lock().events.push_back(XidEvent {
             uuid: uuid.to_owned(),
             xid,
         });
         self.event_ready.notify_all();
+        Ok(())
+    }
+
+    /// The GPU a MIG device (from the shape or created since) belongs to.
+    fn mig_parent_of(&self, mig_uuid: &str) -> Option<String> {
+        if let Some(d) = self
+            .devices
+            .iter()
+            .find(|d| d.mig.iter().flatten().any(|m| m.uuid == mig_uuid))
+        {
+            return Some(d.uuid.clone());
+        }
+        let guard = self.mig.lock();
+        guard.as_ref()?.gpus.iter().find_map(|(gpu, state)| {
+            state
+                .instances
+                .iter()
+                .any(|i| i.uuid == mig_uuid)
+                .then(|| gpu.clone())
+        })
+    }
+
+    /// Makes GPU `uuid` fall off the bus (`true`) or come back: every query on it then
+    /// answers GPU_IS_LOST, as NVML does.
+    pub fn set_lost(&self, uuid: &str, lost: bool) -> Result<(), GpuError> {
+        self.check(uuid)?;
+        let mut live = self.live.lock();
+        if lost {
+            live.lost.insert(uuid.to_owned());
+        } else {
+            live.lost.remove(uuid);
+        }
+        Ok(())
+    }
+
+    /// Sets the NVSwitch fabric state of GPU `uuid`.
+    pub fn set_fabric(&self, uuid: &str, state: SimFabric) -> Result<(), GpuError> {
+        self.check(uuid)?;
+        let mut live = self.live.lock();
+        if state == SimFabric::None {
+            live.fabric.remove(uuid);
+        } else {
+            live.fabric.insert(uuid.to_owned(), state);
+        }
+        Ok(())
+    }
+
+    fn lost(&self, uuid: &str, call: &'static str) -> Result<(), GpuError> {
+        if self.live.lock().lost.contains(uuid) {
+            return Err(GpuError::Lost { call });
+        }
         Ok(())
     }
 }
@@ -331,10 +522,25 @@ impl GpuBackend for SimBackend {
     }
 
     fn devices(&self) -> Result<Vec<GpuDevice>, GpuError> {
-        Ok(self.devices.clone())
+        let mut devices = self.devices.clone();
+        let live = self.live.lock();
+        for d in &mut devices {
+            if live.lost.contains(&d.uuid) {
+                d.fault = Some(
+                    "memory: NVML query nvmlDeviceGetMemoryInfo_v2: the GPU is lost (fell off the bus)"
+                        .to_owned(),
+                );
+            }
+        }
+        drop(live);
+        // As the NVML backend does for links the driver cannot type.
+        resolve_link_peers(&mut devices);
+        Ok(devices)
     }
 
     fn pcie_relation(&self, a: &str, b: &str) -> Result<PcieRelation, GpuError> {
+        self.lost(a, "nvmlDeviceGetTopologyCommonAncestor")?;
+        self.lost(b, "nvmlDeviceGetTopologyCommonAncestor")?;
         let (a, b) = (self.pcie[self.check(a)?], self.pcie[self.check(b)?]);
         Ok(if a.switch == b.switch {
             PcieRelation::SingleSwitch
@@ -346,13 +552,53 @@ impl GpuBackend for SimBackend {
     }
 
     fn sample(&self, uuid: &str) -> Result<GpuSample, GpuError> {
-        self.check(uuid)?;
+        let index = self.check(uuid)?;
+        self.lost(uuid, "nvmlDeviceGetMemoryInfo_v2")?;
+        let mig_parent = self.devices[index].mig.is_some();
         let mut live = self.live.lock();
         follow_cpu(&mut live, uuid);
         let processes = live.processes.get(uuid).cloned().unwrap_or_default();
+        // The driver logs a utilisation sample for each process that ran since its last
+        // one; idle processes get none.
+        let now_us = u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        // Strictly increasing, as the driver's timestamps are between readings.
+        let stamp = now_us.max(live.util_clock + 1);
+        live.util_clock = stamp;
+        let log = live.util_log.entry(uuid.to_owned()).or_default();
+        for p in processes.iter().filter(|p| p.sm_percent > 0) {
+            log.push_back(UtilizationSample {
+                pid: p.pid,
+                timestamp_us: stamp,
+                sm_percent: p.sm_percent,
+            });
+        }
+        while log.len() > UTIL_LOG_LEN {
+            log.pop_front();
+        }
+        // What nvmlDeviceGetProcessUtilization returns for the agent's last timestamp.
+        let since = self.utilization.since(uuid);
+        let returned: Vec<UtilizationSample> = log
+            .iter()
+            .copied()
+            .filter(|s| s.timestamp_us > since)
+            .collect();
+        drop(live);
+        let sm = self.utilization.take(uuid, &returned);
+        let processes: Vec<GpuProcess> = processes
+            .into_iter()
+            .map(|p| GpuProcess {
+                sm_percent: sm.get(&p.pid).copied().unwrap_or(0),
+                ..p
+            })
+            .collect();
+        let utilization: u32 = processes.iter().map(|p| p.sm_percent).sum::<u32>().min(100);
         Ok(GpuSample {
-            memory_used_mib: processes.iter().map(|p| p.memory_used_mib).sum(),
-            utilization_percent: processes.iter().map(|p| p.sm_percent).sum::<u32>().min(100),
+            memory_used_mib: processes
+                .iter()
+                .map(|p| p.memory_used_mib)
+                .sum::<Option<u64>>(),
+            // NVML: utilisation is NOT_SUPPORTED on a GPU in MIG mode.
+            utilization_percent: (!mig_parent).then_some(utilization),
             processes,
         })
     }
@@ -363,6 +609,33 @@ impl GpuBackend for SimBackend {
             self.event_ready.wait_for(&mut live, timeout);
         }
         Ok(live.events.pop_front())
+    }
+
+    fn condition(&self, uuid: &str) -> GpuCondition {
+        let live = self.live.lock();
+        if live.lost.contains(uuid) {
+            return GpuCondition::Lost("NVML answers GPU_IS_LOST".to_owned());
+        }
+        match live.fabric.get(uuid) {
+            Some(SimFabric::InProgress) => {
+                GpuCondition::FabricNotReady("fabric state in progress (success)".to_owned())
+            }
+            Some(SimFabric::NotStarted) => {
+                GpuCondition::FabricNotReady("fabric state not started (success)".to_owned())
+            }
+            Some(SimFabric::Failed) => {
+                GpuCondition::FabricNotReady("fabric registration failed: Unknown Error".to_owned())
+            }
+            _ => GpuCondition::Ready,
+        }
+    }
+
+    fn event_gaps(&self) -> Vec<String> {
+        self.devices
+            .iter()
+            .filter(|d| self.no_events.contains(&d.uuid))
+            .map(|d| format!("{}: XID events not supported", d.uuid))
+            .collect()
     }
 
     fn mig_profiles(&self, uuid: &str) -> Result<Vec<MigProfile>, GpuError> {
@@ -701,9 +974,12 @@ mod tests {
         sim.set_process(&uuid, 42, 1000, 30).unwrap();
         sim.set_process(&uuid, 43, 500, 90).unwrap();
         let s = sim.sample(&uuid).unwrap();
-        assert_eq!((s.memory_used_mib, s.utilization_percent), (1500, 100));
+        assert_eq!(
+            (s.memory_used_mib, s.utilization_percent),
+            (Some(1500), Some(100))
+        );
         sim.remove_process(&uuid, 43).unwrap();
-        assert_eq!(sim.sample(&uuid).unwrap().memory_used_mib, 1000);
+        assert_eq!(sim.sample(&uuid).unwrap().memory_used_mib, Some(1000));
         assert_eq!(sim.wait_event(Duration::from_millis(1)).unwrap(), None);
         sim.inject_xid(&uuid, 79).unwrap();
         let ev = sim.wait_event(Duration::from_millis(1)).unwrap().unwrap();
@@ -749,7 +1025,7 @@ mod tests {
         loop {
             std::thread::sleep(Duration::from_millis(300));
             let s = sim.sample(&uuid).unwrap();
-            assert_eq!(s.memory_used_mib, 300);
+            assert_eq!(s.memory_used_mib, Some(300));
             // A sleeper may still be finishing its exec in the first window; it must
             // never look like real work.
             assert!(util(&s, idle_pid).is_some_and(|u| u <= 5), "{s:?}");

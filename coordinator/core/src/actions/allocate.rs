@@ -70,7 +70,19 @@ impl Engine<'_> {
         }
     }
 
-    /// Sum of the estimated requests of `pods`.
+    /// Sum of the least the `pods` can take (GPU-memory requests on the largest GPU): what
+    /// limit pre-checks and capacity prefilters compare, so they never refuse a pod that could
+    /// fit. Limits are checked exactly again once the pods are placed.
+    pub(crate) fn request_floor_of(&self, pods: &[u32]) -> [u64; 3] {
+        let mut r = self.request_of(pods);
+        r[0] = pods
+            .iter()
+            .map(|&p| self.ctx.pods[p as usize].min_gpu_milli)
+            .sum();
+        r
+    }
+
+    /// Sum of what `pods` will take once placed (see `PodInfo::request`).
     pub(crate) fn request_of(&self, pods: &[u32]) -> [u64; 3] {
         let mut r = [0u64; 3];
         for &p in pods {
@@ -93,7 +105,7 @@ impl Engine<'_> {
         let mut gang_ok = true;
         if need > 0 {
             let gang: Vec<u32> = pending[..need].to_vec();
-            if let Some(r) = self.over_limit(q, self.request_of(&gang)) {
+            if let Some(r) = self.over_limit(q, self.request_floor_of(&gang)) {
                 self.note_all(&gang, r);
                 return false;
             }
@@ -110,7 +122,7 @@ impl Engine<'_> {
         }
         // Elastic members: one by one, from free capacity only.
         for &p in &pending[need..] {
-            if let Some(r) = self.over_limit(q, self.request_of(&[p])) {
+            if let Some(r) = self.over_limit(q, self.request_floor_of(&[p])) {
                 self.note(p, r);
                 continue;
             }
@@ -271,7 +283,7 @@ impl Engine<'_> {
         }
         let need: u64 = gang
             .iter()
-            .map(|&p| self.ctx.pods[p as usize].request.gpu_milli)
+            .map(|&p| self.ctx.pods[p as usize].min_gpu_milli)
             .sum();
         self.st.index.free_gpu_milli() >= need
     }
@@ -279,7 +291,7 @@ impl Engine<'_> {
     /// Domains of `level` to try for a gang, tightest sufficient first (with victims: roomiest).
     fn domains_for(&self, level: usize, gang: &[u32], mode: Mode) -> Vec<Vec<u32>> {
         let ld = &self.ctx.domains.levels[level];
-        let need = self.request_of(gang);
+        let need = self.request_floor_of(gang);
         let mut scored: Vec<(u64, usize)> = Vec::new();
         for (d, members) in ld.members.iter().enumerate() {
             let (mut gpu, mut cpu) = (0u64, 0u64);

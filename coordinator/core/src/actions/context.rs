@@ -17,9 +17,15 @@ pub struct PodInfo {
     pub queue: Option<usize>,
     /// Group index.
     pub group: Option<u32>,
-    /// Estimated request for queue accounting while pending (memory requests converted with
-    /// the largest GPU's memory).
+    /// What the pod will take once placed, for queue accounting while it is pending (demand,
+    /// fair share, reclaim). A GPU-memory request is the compute share it takes on the GPU it
+    /// lands on, which depends on that GPU's memory: it is counted on the smallest GPU of the
+    /// cluster that can hold it (see [`Ctx::landing_gpu_mib`]), so it is never under-counted.
     pub request: Resources,
+    /// The least GPU (milli) the pod can take anywhere: a memory request counted on the largest
+    /// GPU. Used where a lower bound is needed (limit pre-checks, capacity prefilters), so no
+    /// pod is refused for an amount it might not take.
+    pub min_gpu_milli: u64,
     /// Smallest free compute share (milli) a GPU must have for this pod.
     pub min_share: u32,
     /// Why the pod cannot be scheduled at all.
@@ -71,6 +77,9 @@ pub struct Ctx<'a> {
     pub groups: Vec<GroupInfo>,
     /// Largest GPU memory in the cluster (MiB).
     pub max_gpu_mib: u64,
+    /// Distinct `(memory MiB, node GPU model id, MIG mode)` of healthy GPUs on schedulable
+    /// nodes, smallest memory first: where a GPU-memory request can land.
+    pub gpu_kinds: Vec<(u64, u32, bool)>,
     /// Most GPUs on one node.
     pub max_node_gpus: u32,
     /// Cluster capacity (healthy GPUs, schedulable nodes) in accounting units.
@@ -94,6 +103,25 @@ impl<'a> Ctx<'a> {
             .map(|n| n.gpus.iter().filter(|g| g.healthy).count() as u32)
             .max()
             .unwrap_or(0);
+        let mut gpu_kinds: Vec<(u64, u32, bool)> = snap
+            .nodes
+            .iter()
+            .filter(|n| n.schedulable)
+            .flat_map(|n| {
+                // Placement matches a pod's models against the node's first GPU model.
+                let model = n
+                    .gpus
+                    .first()
+                    .and_then(|g| models.id(&g.model))
+                    .unwrap_or(0);
+                n.gpus
+                    .iter()
+                    .filter(|g| g.healthy)
+                    .map(move |g| (g.memory_mib, model, g.mig.is_some()))
+            })
+            .collect();
+        gpu_kinds.sort_unstable();
+        gpu_kinds.dedup();
         let mut capacity = Resources::default();
         for n in snap.nodes.iter().filter(|n| n.schedulable) {
             capacity.cpu_milli += n.cpu_milli;
@@ -129,6 +157,7 @@ impl<'a> Ctx<'a> {
             pods: Vec::with_capacity(snap.pods.len()),
             groups: Vec::new(),
             max_gpu_mib,
+            gpu_kinds,
             max_node_gpus,
             capacity,
         };
@@ -148,13 +177,20 @@ impl<'a> Ctx<'a> {
             models: self.models.set_of(&p.gpu_models),
             mig: p.isolation == Isolation::Mig,
         };
-        let per_gpu = if count == 0 {
-            0
+        let (per_gpu, landing) = if count == 0 {
+            (0, 0)
         } else {
-            demand_on_gpu(share, self.max_gpu_mib.max(1)).0
+            let landing = match share {
+                GpuShare::MemoryMib(mib) => self.landing_gpu_mib(&demand, mib),
+                _ => self.max_gpu_mib,
+            };
+            (
+                demand_on_gpu(share, self.max_gpu_mib.max(1)).0,
+                demand_on_gpu(share, landing.max(1)).0,
+            )
         };
         let request = Resources::new(
-            u64::from(count) * u64::from(per_gpu),
+            u64::from(count) * u64::from(landing),
             p.cpu_milli,
             p.memory_mib,
         );
@@ -165,9 +201,22 @@ impl<'a> Ctx<'a> {
             queue,
             group: None,
             request,
+            min_gpu_milli: u64::from(count) * u64::from(per_gpu),
             min_share: per_gpu,
             invalid,
         }
+    }
+
+    /// Memory (MiB) of the GPU a request of `mib` per GPU lands on: the smallest healthy GPU of
+    /// the pod's accepted models and MIG mode that can hold it. Tight placement puts a memory
+    /// request there (a larger GPU is kept for larger requests), and it is the most the request
+    /// can take, so a queue's demand is never under-counted. Without such a GPU, the largest
+    /// GPU (the pod is then explained as not fitting anyway).
+    pub fn landing_gpu_mib(&self, d: &PodDemand, mib: u64) -> u64 {
+        self.gpu_kinds
+            .iter()
+            .find(|&&(mem, model, mig)| mem >= mib && mig == d.mig && d.models.contains(model))
+            .map_or(self.max_gpu_mib, |k| k.0)
     }
 
     fn validate(&self, p: &Pod, queue: Option<usize>) -> Option<Reason> {
@@ -294,7 +343,7 @@ impl<'a> Ctx<'a> {
             let mut per_pod: Vec<u64> = g
                 .members
                 .iter()
-                .map(|&m| self.pods[m as usize].request.gpu_milli)
+                .map(|&m| self.pods[m as usize].min_gpu_milli)
                 .collect();
             per_pod.sort_unstable();
             let need: u64 = per_pod.iter().take(g.min_member as usize).sum();

@@ -63,6 +63,8 @@ pub struct Engine<'a> {
     pub(crate) cache_on: bool,
     /// Node indices in tie-break order.
     pub(crate) rank_order: Vec<u32>,
+    /// The gang a reclaim is placing (its reclaim rule is decided for the whole gang).
+    pub(crate) reclaim_gang: Vec<u32>,
 }
 
 impl<'a> Engine<'a> {
@@ -116,6 +118,7 @@ impl<'a> Engine<'a> {
             failed_searches: std::collections::BTreeSet::new(),
             cache_on: false,
             rank_order,
+            reclaim_gang: Vec::new(),
         }
     }
 

@@ -14,6 +14,18 @@ use crate::placement::PodDemand;
 pub(crate) type SearchKey = (PodDemand, u8, usize, i32);
 
 use super::allocate::Mode;
+
+/// How full a queue is relative to its fair share (`alloc / fair`; anything held over a zero
+/// fair share is infinitely full).
+fn saturation(alloc: f64, fair: f64) -> f64 {
+    if alloc <= SHARE_EPS {
+        0.0
+    } else if fair <= SHARE_EPS {
+        f64::INFINITY
+    } else {
+        alloc / fair
+    }
+}
 use super::engine::{Engine, SHARE_EPS};
 
 impl Engine<'_> {
@@ -49,8 +61,9 @@ impl Engine<'_> {
         }
     }
 
-    /// Mode-specific check of a victim set against the current state.
-    fn victims_ok(&self, p: u32, set: &[u32], mode: Mode) -> bool {
+    /// Mode-specific check of a victim set on node `n` (where `p` is to go) against the
+    /// current state.
+    fn victims_ok(&self, p: u32, n: u32, set: &[u32], mode: Mode) -> bool {
         if set.iter().any(|&v| !self.victim_static_ok(p, v)) {
             return false;
         }
@@ -63,70 +76,149 @@ impl Engine<'_> {
             Mode::Consolidate => {
                 set.len() == 1 && self.ctx.pods[set[0] as usize].demand.gpu_count > 0
             }
-            Mode::Reclaim(q) => {
-                // Every queue that loses (on the victims' path but not the reclaimer's) must
-                // stay at or above its deserved quota in every resource, and at or above its
-                // fair share in every resource it is contended for (fair share below demand).
-                // A resource a queue gets all it asks for (fair share = demand, typically CPU
-                // and memory next to scarce GPUs) does not protect it: evicting a GPU pod also
-                // returns that pod's CPU, and holding that CPU is no claim on the GPU.
-                let mut loss: Vec<(usize, [u64; 3])> = Vec::new();
-                for &v in set {
-                    let Some(vq) = self.ctx.pods[v as usize].queue else {
-                        return false;
-                    };
-                    let used = self.used_by(v);
-                    for a in self.ctx.tree.path(vq) {
-                        if self.ctx.tree.path(q).any(|b| b == a) {
-                            continue;
-                        }
-                        match loss.iter_mut().find(|(x, _)| *x == a) {
-                            Some((_, l)) => (0..3).for_each(|k| l[k] += used[k]),
-                            None => loss.push((a, used)),
-                        }
-                    }
+            Mode::Reclaim(q) => self.reclaim_victims_ok(p, q, n, set),
+        }
+    }
+
+    /// The reclaim rules, per resource. A queue loses (it is on the victims' path but not on
+    /// the reclaimer's) or gains (the other way round); shared ancestors do neither.
+    ///
+    /// - Rule (a), the guarantee: where every gaining queue stays within its deserved quota
+    ///   after the whole waiting gang is placed, a losing queue may go down to its own deserved
+    ///   quota, even below its fair share. A queue inside its quota always gets in.
+    /// - Rule (b), fairness: otherwise every gaining queue must stay within its fair share, and a
+    ///   losing queue must keep its fair share wherever it is contended for it (fair share below
+    ///   demand). A resource a queue gets all it asks for (typically CPU and memory next to
+    ///   scarce GPUs) does not protect it: evicting a GPU pod also returns that pod's CPU, and
+    ///   holding that CPU is no claim on the GPU. But where the reclaimer needs that resource
+    ///   from the victim (GPU, or CPU/memory the node `n` is short of), the victim, if it goes
+    ///   below its fair share, must stay at least as full relative to it as the reclaimer.
+    ///
+    /// No losing queue ever goes below its deserved quota. Neither rule lets the victim take
+    /// back what it lost in the next cycle: after (a) the reclaimer is within its deserved
+    /// quota, which no reclaim can touch; after (b) it is within its fair share, and the victim
+    /// keeps its own.
+    fn reclaim_victims_ok(&self, p: u32, q: usize, n: u32, set: &[u32]) -> bool {
+        let mut loss: Vec<(usize, [u64; 3])> = Vec::new();
+        for &v in set {
+            let Some(vq) = self.ctx.pods[v as usize].queue else {
+                return false;
+            };
+            let used = self.used_by(v);
+            for a in self.ctx.tree.path(vq) {
+                if self.ctx.tree.path(q).any(|b| b == a) {
+                    continue;
                 }
-                if loss.is_empty() {
-                    return false; // same queue: that is preemption, not reclaim
+                match loss.iter_mut().find(|(x, _)| *x == a) {
+                    Some((_, l)) => (0..3).for_each(|k| l[k] += used[k]),
+                    None => loss.push((a, used)),
                 }
-                // The reclaimer's ancestors that gain (those not shared with the victims) must
-                // stay within their fair share too. They gain what the reclaiming pod requests,
-                // not what the victims held (the rest of that stays free).
-                let req = self.ctx.pods[p as usize].request;
-                let moved = [req.gpu_milli, req.cpu_milli, req.memory_mib];
-                let victim_paths: Vec<usize> = set
-                    .iter()
-                    .filter_map(|&v| self.ctx.pods[v as usize].queue)
-                    .flat_map(|vq| self.ctx.tree.path(vq).collect::<Vec<_>>())
-                    .collect();
-                let gain_ok = self
-                    .ctx
-                    .tree
-                    .path(q)
-                    .skip(1)
-                    .filter(|a| !victim_paths.contains(a))
-                    .all(|a| {
-                        (0..3).all(|k| {
-                            moved[k] == 0
-                                || (self.st.queue_alloc[a][k] + moved[k]) as f64
-                                    <= self.shares[a].fair[k] + SHARE_EPS
-                        })
-                    });
-                if !gain_ok {
-                    return false;
-                }
-                loss.iter().all(|(a, l)| {
-                    let share = &self.shares[*a];
-                    (0..3).all(|k| {
-                        let left = self.st.queue_alloc[*a][k] as f64 - l[k] as f64;
-                        let contended = share.fair[k] + SHARE_EPS < share.demand[k];
-                        l[k] == 0
-                            || (left >= share.deserved[k] - SHARE_EPS
-                                && (!contended || left >= share.fair[k] - SHARE_EPS))
-                    })
-                })
             }
         }
+        if loss.is_empty() {
+            return false; // same queue: that is preemption, not reclaim
+        }
+        let victim_paths: Vec<usize> = set
+            .iter()
+            .filter_map(|&v| self.ctx.pods[v as usize].queue)
+            .flat_map(|vq| self.ctx.tree.path(vq).collect::<Vec<_>>())
+            .collect();
+        let gainers: Vec<usize> = self
+            .ctx
+            .tree
+            .path(q)
+            .filter(|a| !victim_paths.contains(a))
+            .collect();
+        let guaranteed = self.guaranteed(&gainers, self.reclaim_remaining(p));
+        // The gainers gain what the reclaiming pod requests, not what the victims held (the
+        // rest of that stays free).
+        let req = self.ctx.pods[p as usize].request;
+        let moved = [req.gpu_milli, req.cpu_milli, req.memory_mib];
+        let gain_ok = gainers.iter().all(|&a| {
+            (0..3).all(|k| {
+                moved[k] == 0
+                    || guaranteed[k]
+                    || (self.st.queue_alloc[a][k] + moved[k]) as f64
+                        <= self.shares[a].fair[k] + SHARE_EPS
+            })
+        });
+        // What the pod cannot have on node `n` without evicting: GPU (that is what reclaims
+        // are for), and CPU or memory when the node is short of them. Only there does the
+        // victim give the reclaimer something it competes for.
+        let node = &self.st.nodes[n as usize];
+        let pod = &self.ctx.snap.pods[p as usize];
+        let scarce = [
+            true,
+            node.cpu_free < pod.cpu_milli,
+            node.mem_free < pod.memory_mib,
+        ];
+        // Where the two sides compete: the children of their lowest common ancestor.
+        let (Some(&top_gainer), Some(&(top_loser, _))) = (gainers.last(), loss.last()) else {
+            return false;
+        };
+        gain_ok
+            && loss.iter().all(|&(a, l)| {
+                let share = &self.shares[a];
+                (0..3).all(|k| {
+                    let left = self.st.queue_alloc[a][k] as f64 - l[k] as f64;
+                    let contended = share.fair[k] + SHARE_EPS < share.demand[k];
+                    if l[k] == 0 || guaranteed[k] {
+                        return l[k] == 0 || left >= share.deserved[k] - SHARE_EPS;
+                    }
+                    if left < share.deserved[k] - SHARE_EPS
+                        || (contended && left < share.fair[k] - SHARE_EPS)
+                    {
+                        return false;
+                    }
+                    // Uncontended (the queue could have all it asks for, had placement not
+                    // left it short) and going below its fair share in something the
+                    // reclaimer needs from it: it yields only to a queue that stays
+                    // relatively further below its own fair share, else the two would take
+                    // the capacity back and forth cycle after cycle.
+                    a != top_loser
+                        || moved[k] == 0
+                        || !scarce[k]
+                        || left >= share.fair[k] - SHARE_EPS
+                        || saturation(
+                            (self.st.queue_alloc[top_gainer][k] + moved[k]) as f64,
+                            self.shares[top_gainer].fair[k],
+                        ) <= saturation(left, share.fair[k]) + SHARE_EPS
+                })
+            })
+    }
+
+    /// Per resource: whether rule (a) applies, i.e. every queue of `gainers` stays within its
+    /// deserved quota after taking `need` (a resource not needed gets rule (b)).
+    fn guaranteed(&self, gainers: &[usize], need: [u64; 3]) -> [bool; 3] {
+        std::array::from_fn(|k| {
+            need[k] > 0
+                && gainers.iter().all(|&a| {
+                    (self.st.queue_alloc[a][k] + need[k]) as f64
+                        <= self.shares[a].deserved[k] + SHARE_EPS
+                })
+        })
+    }
+
+    /// What the gang being reclaimed for still needs, pod `p` included (its members are placed
+    /// one by one; the rule is decided for the gang as a whole).
+    fn reclaim_remaining(&self, p: u32) -> [u64; 3] {
+        let rest: Vec<u32> = self
+            .reclaim_gang
+            .iter()
+            .copied()
+            .filter(|&m| m != p && self.st.placed[m as usize].is_none())
+            .chain(std::iter::once(p))
+            .collect();
+        self.request_of(&rest)
+    }
+
+    /// The allocation queue `vq` may be reclaimed down to, per resource: its deserved quota
+    /// where rule (a) may apply (`g`, from [`Self::guaranteed`] of the reclaiming leaf alone),
+    /// else its fair share. A relaxation for prefilters; the exact check is
+    /// [`Self::reclaim_victims_ok`].
+    fn reclaim_floor(&self, g: [bool; 3], vq: usize) -> [f64; 3] {
+        let s = &self.shares[vq];
+        std::array::from_fn(|k| if g[k] { s.deserved[k] } else { s.fair[k] })
     }
 
     /// Resources pod `v` holds now.
@@ -185,7 +277,7 @@ impl Engine<'_> {
                 continue;
             }
             let set = self.victim_set(v);
-            if !self.victims_ok(p, &set, mode) {
+            if !self.victims_ok(p, n, &set, mode) {
                 continue;
             }
             for &x in &set {
@@ -230,6 +322,10 @@ impl Engine<'_> {
     fn could_fit_after_evictions(&self, p: u32, n: u32, mode: Mode) -> bool {
         let snap = self.ctx.snap;
         let mut cap: Option<crate::placement::NodeCapacity> = None;
+        let guaranteed = match mode {
+            Mode::Reclaim(q) => self.guaranteed(&[q], self.reclaim_remaining(p)),
+            _ => [false; 3],
+        };
         for &v in &self.st.node_pods[n as usize] {
             if !self.victim_static_ok(p, v) {
                 continue;
@@ -237,11 +333,10 @@ impl Engine<'_> {
             let info = &self.ctx.pods[v as usize];
             let ok = match mode {
                 Mode::Allocate => false,
-                // Only queues above their fair share can give anything back.
+                // Only queues above their floor (deserved quota or fair share) can give back.
                 Mode::Reclaim(q) => info.queue.is_some_and(|vq| {
-                    vq != q
-                        && (0..3)
-                            .any(|k| self.alloc_of(vq)[k] > self.shares[vq].fair[k] + SHARE_EPS)
+                    let floor = self.reclaim_floor(guaranteed, vq);
+                    vq != q && (0..3).any(|k| self.alloc_of(vq)[k] > floor[k] + SHARE_EPS)
                 }),
                 Mode::Preempt(q, prio, _) => {
                     info.queue == Some(q) && snap.pods[v as usize].priority < prio
@@ -357,10 +452,11 @@ impl Engine<'_> {
                     continue;
                 };
                 let req = self.request_of(&gang);
+                let floor = self.request_floor_of(&gang);
                 if !self.within_fair(q, req)
-                    || self.over_limit(q, req).is_some()
-                    || (req[0] > 0
-                        && self.reclaimable_gpu(q) + self.st.index.free_gpu_milli() < req[0])
+                    || self.over_limit(q, floor).is_some()
+                    || (floor[0] > 0
+                        && self.reclaimable_gpu(q, req) + self.st.index.free_gpu_milli() < floor[0])
                 {
                     continue;
                 }
@@ -375,7 +471,9 @@ impl Engine<'_> {
                 if tried > self.ctx.cfg.max_victim_jobs {
                     return;
                 }
+                self.reclaim_gang = gang.clone();
                 let ok = self.try_job(j as usize, Mode::Reclaim(q));
+                self.reclaim_gang.clear();
                 self.record_victim_search(&gang, Mode::Reclaim(q), ok);
                 if !ok {
                     gang.iter().for_each(|&p| self.note(p, blocked.clone()));
@@ -412,7 +510,7 @@ impl Engine<'_> {
                 let (gpu, pods) = held[q]
                     .range(..prio)
                     .fold((0, 0), |a, (_, b)| (a.0 + b.0, a.1 + b.1));
-                let req = self.request_of(&gang);
+                let req = self.request_floor_of(&gang);
                 if pods == 0
                     || gpu + self.st.index.free_gpu_milli() < req[0]
                     || self.over_limit(q, req).is_some()
@@ -464,12 +562,13 @@ impl Engine<'_> {
         }
     }
 
-    /// GPU (milli) other leaf queues hold above their fair share: an upper bound of what queue
-    /// `q` can reclaim.
-    fn reclaimable_gpu(&self, q: usize) -> u64 {
+    /// GPU (milli) other leaf queues hold above their reclaim floor: an upper bound of what
+    /// queue `q` can reclaim for a gang needing `need`.
+    fn reclaimable_gpu(&self, q: usize, need: [u64; 3]) -> u64 {
+        let g = self.guaranteed(&[q], need);
         (0..self.ctx.tree.len())
             .filter(|&v| v != q && self.ctx.tree.nodes[v].is_leaf())
-            .map(|v| (self.alloc_of(v)[0] - self.shares[v].fair[0]).max(0.0) as u64)
+            .map(|v| (self.alloc_of(v)[0] - self.reclaim_floor(g, v)[0]).max(0.0) as u64)
             .sum()
     }
 
@@ -482,7 +581,7 @@ impl Engine<'_> {
                 let Some(gang) = self.waiting_gang(j as usize) else {
                     continue;
                 };
-                let req = self.request_of(&gang);
+                let req = self.request_floor_of(&gang);
                 if req[0] == 0
                     || self.st.index.free_gpu_milli() < req[0]
                     || self.over_limit(q, req).is_some()

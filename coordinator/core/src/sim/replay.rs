@@ -1,14 +1,15 @@
 //! Time-based replay: jobs arrive, run for their duration once their gang is placed, and leave.
 //! Every scheduling decision comes from the real core (`cycle::schedule`): gangs, fair share,
 //! reclaim, preemption, consolidation. The driver applies bindings and evictions, advances time
-//! to the next arrival or completion, and records queue shares, gang waits and completions.
+//! to the next arrival or completion, and records queue shares (leaf and parent queues), gang
+//! waits with the reason for each cycle a job waited, evictions and completions.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::cycle::{CycleConfig, schedule};
+use crate::cycle::{CycleConfig, EvictionReason, schedule};
 use crate::model::{Placement, Pod, Resource, Snapshot};
 
 use super::workload::Loaded;
@@ -22,10 +23,39 @@ const MAX_CYCLES_PER_INSTANT: usize = 8;
 pub struct ShareSample {
     /// Seconds since the start.
     pub time: u64,
-    /// Allocated GPU per queue, percent of cluster GPU capacity.
+    /// Allocated GPU per queue, percent of cluster GPU capacity; a parent queue counts what
+    /// its descendants hold, as its fair share does.
     pub gpu_pct: BTreeMap<String, f64>,
     /// Fair share of GPU per queue, percent of cluster GPU capacity (as the core computed it).
     pub fair_pct: BTreeMap<String, f64>,
+}
+
+/// Why a job waited in one scheduling cycle.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct WaitReason {
+    /// Cycle number (counted from 0 over the whole replay; several cycles may run at one
+    /// instant).
+    pub cycle: usize,
+    /// Seconds since the start.
+    pub time: u64,
+    /// The job's first pod still pending after the cycle.
+    pub pod: String,
+    /// The core's explanation of that pod: word for word the message the coordinator writes
+    /// into the pod's `PodScheduled=False, reason=Unschedulable` condition in a cluster.
+    pub message: String,
+}
+
+/// One eviction the core decided.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct EvictionRecord {
+    /// Cycle number.
+    pub cycle: usize,
+    /// Seconds since the start.
+    pub time: u64,
+    /// Evicted pod.
+    pub pod: String,
+    /// Why, in words (`reclaim by queue product-serving`).
+    pub reason: String,
 }
 
 /// Outcome of one job.
@@ -45,6 +75,9 @@ pub struct JobResult {
     pub finished: Option<u64>,
     /// Times its pods were evicted.
     pub evictions: u32,
+    /// Every cycle in which the job had arrived but was not running (before its gang was
+    /// placed, or after it fell below its gang size), with the reason.
+    pub waits: Vec<WaitReason>,
 }
 
 /// The whole replay outcome.
@@ -70,6 +103,10 @@ pub struct ReplayOutcome {
     pub bindings: usize,
     /// Evictions made, by reason.
     pub evictions: BTreeMap<String, usize>,
+    /// Every eviction, in order.
+    pub evicted: Vec<EvictionRecord>,
+    /// Parent of each queue that has one (queue → parent), for reports.
+    pub parents: BTreeMap<String, String>,
     /// Pending explanations at the end (pod → message).
     pub pending: Vec<(String, String)>,
 }
@@ -80,6 +117,30 @@ struct JobState {
     /// Seconds of run time left; counts down only while the gang is complete.
     remaining: u64,
     evictions: u32,
+    waits: Vec<WaitReason>,
+}
+
+fn describe(r: &EvictionReason) -> String {
+    match r {
+        EvictionReason::Reclaim { by_queue } => format!("reclaim by queue {by_queue}"),
+        EvictionReason::Preempt { by_pod } => format!("preempted by pod {by_pod}"),
+        EvictionReason::Consolidate { moved_to } => format!("consolidate, moved to {moved_to}"),
+        EvictionReason::GangBelowMinMember => "gang below minMember past the grace period".into(),
+    }
+}
+
+/// Queue and ancestors (by name), innermost first; a broken parent chain stops the walk.
+fn with_ancestors<'a>(q: &'a str, parents: &'a BTreeMap<String, String>) -> Vec<&'a str> {
+    let mut out = vec![q];
+    let mut cur = q;
+    while let Some(p) = parents.get(cur) {
+        if out.contains(&p.as_str()) || out.len() > parents.len() {
+            break;
+        }
+        out.push(p);
+        cur = p;
+    }
+    out
 }
 
 fn pod_gpu_milli(p: &Pod) -> u64 {
@@ -103,6 +164,7 @@ pub fn replay(w: &Loaded, config: &CycleConfig) -> ReplayOutcome {
             finished: None,
             remaining: j.duration,
             evictions: 0,
+            waits: Vec::new(),
         })
         .collect();
     let job_of: HashMap<String, usize> = w
@@ -122,6 +184,12 @@ pub fn replay(w: &Loaded, config: &CycleConfig) -> ReplayOutcome {
     let mut bindings = 0;
     let mut evictions: BTreeMap<String, usize> = BTreeMap::new();
     let mut pending = Vec::new();
+    let mut evicted = Vec::new();
+    let parents: BTreeMap<String, String> = w
+        .queues
+        .iter()
+        .filter_map(|q| q.parent.clone().map(|p| (q.name.clone(), p)))
+        .collect();
     loop {
         while next_job < w.jobs.len() && w.jobs[next_job].arrival <= now {
             let j = &w.jobs[next_job];
@@ -135,6 +203,7 @@ pub fn replay(w: &Loaded, config: &CycleConfig) -> ReplayOutcome {
             let start = Instant::now();
             let d = schedule(&snap, config);
             core += start.elapsed();
+            let cycle = cycles;
             cycles += 1;
             fair = d
                 .fair_shares
@@ -151,9 +220,6 @@ pub fn replay(w: &Loaded, config: &CycleConfig) -> ReplayOutcome {
                 .iter()
                 .map(|p| (p.pod.clone(), p.message.clone()))
                 .collect();
-            if d.bindings.is_empty() && d.evictions.is_empty() {
-                break;
-            }
             let index: HashMap<String, usize> = snap
                 .pods
                 .iter()
@@ -170,6 +236,12 @@ pub fn replay(w: &Loaded, config: &CycleConfig) -> ReplayOutcome {
                 let kind = format!("{:?}", e.reason);
                 let kind = kind.split([' ', '{', '(']).next().unwrap_or("").to_string();
                 *evictions.entry(kind).or_insert(0) += 1;
+                evicted.push(EvictionRecord {
+                    cycle,
+                    time: now,
+                    pod: e.pod.clone(),
+                    reason: describe(&e.reason),
+                });
             }
             for b in &d.bindings {
                 if let Some(&i) = index.get(&b.pod) {
@@ -179,6 +251,10 @@ pub fn replay(w: &Loaded, config: &CycleConfig) -> ReplayOutcome {
                     });
                     bindings += 1;
                 }
+            }
+            record_waits(w, &snap, &job_of, &d.pending, cycle, now, &mut states);
+            if d.bindings.is_empty() && d.evictions.is_empty() {
+                break;
             }
         }
         // Gang state: a job runs while at least min_member of its pods are bound.
@@ -207,8 +283,10 @@ pub fn replay(w: &Loaded, config: &CycleConfig) -> ReplayOutcome {
         let mut per_queue: BTreeMap<String, f64> =
             w.queues.iter().map(|q| (q.name.clone(), 0.0)).collect();
         for p in &snap.pods {
-            *per_queue.entry(p.queue.clone()).or_insert(0.0) +=
-                100.0 * pod_gpu_milli(p) as f64 / cap;
+            let pct = 100.0 * pod_gpu_milli(p) as f64 / cap;
+            for q in with_ancestors(&p.queue, &parents) {
+                *per_queue.entry(q.to_string()).or_insert(0.0) += pct;
+            }
         }
         shares.push(ShareSample {
             time: now,
@@ -271,10 +349,55 @@ pub fn replay(w: &Loaded, config: &CycleConfig) -> ReplayOutcome {
                 started: s.started,
                 finished: s.finished,
                 evictions: s.evictions,
+                waits: s.waits.clone(),
             })
             .collect(),
         bindings,
         evictions,
+        evicted,
+        parents,
         pending,
+    }
+}
+
+/// Records, for every job that has arrived and is not running after a cycle, why its first
+/// pending pod waits, in the core's own words.
+fn record_waits(
+    w: &Loaded,
+    snap: &Snapshot,
+    job_of: &HashMap<String, usize>,
+    pending: &[crate::cycle::PendingExplanation],
+    cycle: usize,
+    now: u64,
+    states: &mut [JobState],
+) {
+    let mut bound = vec![0u32; w.jobs.len()];
+    for p in &snap.pods {
+        if p.placement.is_some()
+            && let Some(&j) = job_of.get(&p.uid)
+        {
+            bound[j] += 1;
+        }
+    }
+    let mut first: Vec<Option<&crate::cycle::PendingExplanation>> = vec![None; w.jobs.len()];
+    for e in pending {
+        if let Some(&j) = job_of.get(&e.pod)
+            && first[j].is_none()
+        {
+            first[j] = Some(e);
+        }
+    }
+    for (j, job) in w.jobs.iter().enumerate() {
+        if states[j].finished.is_some() || job.arrival > now || bound[j] >= job.min_member {
+            continue;
+        }
+        if let Some(e) = first[j] {
+            states[j].waits.push(WaitReason {
+                cycle,
+                time: now,
+                pod: e.pod.clone(),
+                message: e.message.clone(),
+            });
+        }
     }
 }

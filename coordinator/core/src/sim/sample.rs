@@ -1,5 +1,5 @@
 //! The `simulate` entry points for Tessera workloads: the bundled sample (no arguments) and
-//! `simulate replay --workload FILE`, with the human report, JSON and SVG outputs.
+//! `simulate replay --workload FILE [--explain]`, with the human report, JSON and SVG outputs.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -47,20 +47,22 @@ const SAMPLE: &str = include_str!("../../../../hack/workloads/sample.yaml");
 /// the report.
 pub fn run_sample(path: &Path) -> Result<String, RunError> {
     if path.exists() {
-        return run_workload(path, Policy::Tessera, None, None);
+        return run_workload(path, Policy::Tessera, None, None, false);
     }
     let w: Workload = super::gpushape::parse_yaml("<bundled sample.yaml>", SAMPLE)?;
     let loaded = w.resolve("<bundled sample.yaml>", &bundled_dir())?;
-    Ok(human(&replay(&loaded, &CycleConfig::default())))
+    Ok(human(&replay(&loaded, &CycleConfig::default()), false))
 }
 
 /// Replays a workload file through the scheduling core; writes JSON / SVG when asked and
-/// returns the human report.
+/// returns the human report (with `explain`, also why each job waited, the evictions and
+/// parent queues' shares).
 pub fn run_workload(
     path: &Path,
     policy: Policy,
     json: Option<&Path>,
     plot: Option<&Path>,
+    explain: bool,
 ) -> Result<String, RunError> {
     if policy != Policy::Tessera {
         return Err(RunError::Policy(policy));
@@ -80,7 +82,7 @@ pub fn run_workload(
     if let Some(p) = plot {
         write(p, shares_svg(&out))?;
     }
-    Ok(human(&out))
+    Ok(human(&out, explain))
 }
 
 fn leaf_queues(out: &ReplayOutcome) -> Vec<String> {
@@ -90,8 +92,118 @@ fn leaf_queues(out: &ReplayOutcome) -> Vec<String> {
     qs
 }
 
-/// The human-readable replay report.
-pub fn human(out: &ReplayOutcome) -> String {
+/// One row per instant at which a cell changed: each queue's GPU share and fair share, and,
+/// with `total`, the sum over `queues`.
+fn share_table(s: &mut String, out: &ReplayOutcome, queues: &[String], total: bool) {
+    let _ = write!(s, "{:>8}", "time s");
+    for q in queues {
+        let _ = write!(s, "{q:>20}");
+    }
+    if total {
+        let _ = write!(s, "{:>10}", "total");
+    }
+    let _ = writeln!(s);
+    let mut last: Option<Vec<String>> = None;
+    for sample in &out.shares {
+        let cells: Vec<String> = queues
+            .iter()
+            .map(|q| {
+                let a = sample.gpu_pct.get(q).copied().unwrap_or(0.0);
+                let f = sample.fair_pct.get(q).copied().unwrap_or(0.0);
+                format!("{a:.1} [{f:.1}]")
+            })
+            .collect();
+        if last.as_ref() == Some(&cells) {
+            continue;
+        }
+        let _ = write!(s, "{:>8}", sample.time);
+        for c in &cells {
+            let _ = write!(s, "{c:>20}");
+        }
+        if total {
+            let sum: f64 = queues.iter().filter_map(|q| sample.gpu_pct.get(q)).sum();
+            let _ = write!(s, "{sum:>10.1}");
+        }
+        let _ = writeln!(s);
+        last = Some(cells);
+    }
+}
+
+/// The `--explain` part: parent queues' shares, every eviction, and for every job that waited
+/// the reason at each cycle (consecutive cycles with the same reason on one line).
+fn explain(s: &mut String, out: &ReplayOutcome) {
+    let mut parents: Vec<String> = out.parents.values().cloned().collect();
+    parents.sort();
+    parents.dedup();
+    if !parents.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nParent queues over time (what their children hold, % of cluster GPUs; fair share in brackets):"
+        );
+        share_table(s, out, &parents, false);
+    }
+    let _ = writeln!(s, "\nEvictions:");
+    if out.evicted.is_empty() {
+        let _ = writeln!(s, "  none");
+    }
+    for e in &out.evicted {
+        let _ = writeln!(
+            s,
+            "  {:>6} s  cycle {:>4}  {}: {}",
+            e.time, e.cycle, e.pod, e.reason
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nWhy jobs waited (the pod's Unschedulable message, word for word as in a cluster):"
+    );
+    let waited: Vec<_> = out.jobs.iter().filter(|j| !j.waits.is_empty()).collect();
+    if waited.is_empty() {
+        let _ = writeln!(s, "  no job waited");
+    }
+    for j in waited {
+        let started = j
+            .started
+            .map_or("never started".into(), |t| format!("started {t}"));
+        let _ = writeln!(
+            s,
+            "  {} ({}), arrived {}, {}:",
+            j.job, j.queue, j.arrival, started
+        );
+        let mut i = 0;
+        while i < j.waits.len() {
+            let first = &j.waits[i];
+            let mut k = i;
+            while k + 1 < j.waits.len()
+                && j.waits[k + 1].message == first.message
+                && j.waits[k + 1].pod == first.pod
+            {
+                k += 1;
+            }
+            let last = &j.waits[k];
+            let span = if first.time == last.time {
+                format!("{} s", first.time)
+            } else {
+                format!("{}-{} s", first.time, last.time)
+            };
+            let when = if first.cycle == last.cycle {
+                format!("{span}, cycle {}", first.cycle)
+            } else {
+                format!(
+                    "{span}, cycles {}-{} ({} cycles)",
+                    first.cycle,
+                    last.cycle,
+                    k - i + 1
+                )
+            };
+            let _ = writeln!(s, "    {when}: {}: {}", first.pod, first.message);
+            i = k + 1;
+        }
+    }
+}
+
+/// The human-readable replay report; `explain` adds [`explain`]'s sections.
+pub fn human(out: &ReplayOutcome, explain_waits: bool) -> String {
     let mut s = String::new();
     let pods: u32 = out.jobs.iter().map(|j| j.min_member).sum();
     let queues = leaf_queues(out);
@@ -126,32 +238,7 @@ pub fn human(out: &ReplayOutcome) -> String {
         s,
         "\nGPU share per queue over time (% of cluster GPUs; fair share in brackets):"
     );
-    let _ = write!(s, "{:>8}", "time s");
-    for q in &queues {
-        let _ = write!(s, "{q:>20}");
-    }
-    let _ = writeln!(s, "{:>10}", "total");
-    let mut last: Option<Vec<String>> = None;
-    for sample in &out.shares {
-        let cells: Vec<String> = queues
-            .iter()
-            .map(|q| {
-                let a = sample.gpu_pct.get(q).copied().unwrap_or(0.0);
-                let f = sample.fair_pct.get(q).copied().unwrap_or(0.0);
-                format!("{a:.1} [{f:.1}]")
-            })
-            .collect();
-        if last.as_ref() == Some(&cells) {
-            continue;
-        }
-        let total: f64 = sample.gpu_pct.values().sum();
-        let _ = write!(s, "{:>8}", sample.time);
-        for c in &cells {
-            let _ = write!(s, "{c:>20}");
-        }
-        let _ = writeln!(s, "{total:>10.1}");
-        last = Some(cells);
-    }
+    share_table(&mut s, out, &queues, true);
     let _ = writeln!(s, "\nJobs (seconds):");
     let _ = writeln!(
         s,
@@ -212,6 +299,9 @@ pub fn human(out: &ReplayOutcome) -> String {
             let _ = writeln!(s, "  {pod}: {msg}");
         }
     }
+    if explain_waits {
+        explain(&mut s, out);
+    }
     s
 }
 
@@ -257,7 +347,7 @@ mod tests {
 
     #[test]
     fn replay_accepts_only_the_core_policy() {
-        let e = run_workload(&default_workload_path(), Policy::Fgd, None, None).unwrap_err();
+        let e = run_workload(&default_workload_path(), Policy::Fgd, None, None, false).unwrap_err();
         assert!(e.to_string().contains("accepted: tessera"), "{e}");
     }
 }

@@ -1,91 +1,122 @@
-//! A development cluster the way the chart deploys Tessera: the dev API server with one
-//! bearer token per component (each standing for the chart's ServiceAccount user, so the
-//! request audit log tells who made which call), the real coordinator, hollow nodes, and
-//! per node either a real in-process agent (simulated GPUs, its own token) or an inventory
-//! fed straight into the coordinator's agent registry (for clusters too big to run an
-//! agent per node in a test).
+//! Tessera deployed the way the chart deploys it, on real Kubernetes (hack/k8s): a real
+//! kube-apiserver; the chart's CRDs, ServiceAccounts, RBAC, PriorityClasses and default Queue
+//! from `helm template`, applied as they are (or with a rule removed, to see the API server
+//! refuse); the real coordinator in-process with a client that acts as the chart's
+//! coordinator ServiceAccount; and per node a kubelet-lite with a real `tessera-agent`
+//! process (this crate's `deploy-check-agent` build of node-agent/src/main.rs) acting as the
+//! agent ServiceAccount, reporting to the coordinator with a pod-bound token that the
+//! coordinator checks with TokenReview, as in a cluster.
 #![allow(dead_code)] // each test binary uses part of it
 
 use std::collections::BTreeMap;
+use std::fs::File;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::core::GroupVersionKind;
-use serde_json::Value;
-use tempfile::TempDir;
-use tessera_agent::agent::{Agent, AgentConfig};
-use tessera_agent::events::KubeEvents;
-use tessera_agent::gpu::Backend;
-use tessera_agent::gpu::sim::SimBackend;
-use tessera_agent::kube_assignments::KubeAssignments;
-use tessera_agent::node::NodeOptions;
-use tessera_coordinator::agents::{AgentRegistry, Authenticator};
+use serde_json::{Value, json};
+use tessera_coordinator::agents::Authenticator;
 use tessera_coordinator::cluster::leader::LeaseConfig;
 use tessera_coordinator::cluster::{Coordinator, CoordinatorConfig, CoordinatorHandle};
-use tessera_deploy_check::chart::{Chart, Release};
+use tessera_deploy_check::chart::{self, Release};
 use tessera_deploy_check::{kinds, manifests};
-use tessera_devcluster::apiserver::{ApiServer, ApiServerConfig, ApiServerHandle, Token};
-use tessera_devcluster::config::GpuShape;
-use tessera_devcluster::hollow::{HollowNode, HollowNodeConfig, HollowNodeHandle};
-use tessera_devcluster::kubeconfig;
-use tessera_proto::tessera::v1 as pb;
+use tessera_testcluster::{Cluster, ClusterOptions, LiteNode, NodeOptions, pod_bound_token};
 
 /// A correctness bound for every "eventually", not a speed target.
-pub const DEADLINE: Duration = Duration::from_secs(60);
+pub const DEADLINE: Duration = Duration::from_secs(90);
 const POLL: Duration = Duration::from_millis(100);
 
-/// The release namespace, as the chart's default render.
+/// The release namespace of the chart's default render.
 pub const NAMESPACE: &str = "tessera-system";
-/// The coordinator's ServiceAccount user.
-pub const COORDINATOR_USER: &str = "system:serviceaccount:tessera-system:tessera-coordinator";
-/// The agents' ServiceAccount user.
+/// The coordinator's ServiceAccount (the chart's `<release>-coordinator`).
+pub const COORDINATOR_SA: &str = "tessera-coordinator";
+/// The agents' ServiceAccount.
+pub const AGENT_SA: &str = "tessera-agent";
+/// The agents' ServiceAccount user, as the chart passes it in `--agent-users`.
 pub const AGENT_USER: &str = "system:serviceaccount:tessera-system:tessera-agent";
-const ADMIN_TOKEN: &str = "admin-token";
-const COORDINATOR_TOKEN: &str = "coordinator-token";
-const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
+/// The Lease the chart's Role lets the coordinator use (values `leaderElection.leaseName`).
+pub const LEASE: &str = "tessera-coordinator";
 
 /// The repository root.
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The chart rendered with default values, as JSON documents.
+/// The chart directory.
+pub fn chart_dir() -> PathBuf {
+    repo().join(manifests::CHART_DIR)
+}
+
+/// `helm template` of the chart with default values (CRDs included), as JSON documents.
 pub fn default_render() -> Vec<Value> {
-    let chart = Chart::load(&repo().join(manifests::CHART_DIR)).expect("chart loads");
-    chart
-        .render(&Release::default(), &[])
-        .expect("chart renders")
+    let text = chart::template(&chart_dir(), &Release::default(), &[], true)
+        .unwrap_or_else(|e| panic!("{e}"));
+    chart::parse_helm_output(&text)
         .into_iter()
-        .flat_map(|r| r.documents)
-        .map(|d| kinds::to_json(&d).expect("rendered YAML parses"))
+        .map(|r| kinds::to_json(&r.text).expect("helm's YAML parses"))
         .collect()
 }
 
-/// A hollow node: its name, labels and GPUs; `real_agent` runs the real agent for it.
+/// Removes `verb` on `resource` from the rules of `kind`/`name` (a ClusterRole or Role) in
+/// `docs`, splitting a rule that also grants other resources. Panics if the chart granted no
+/// such verb: the test that uses it would then prove nothing.
+pub fn remove_verb(docs: &mut [Value], kind: &str, name: &str, resource: &str, verb: &str) {
+    let role = docs
+        .iter_mut()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} in the chart"));
+    let rules = role["rules"].as_array_mut().expect("rules");
+    let mut out = Vec::new();
+    let mut removed = false;
+    for rule in rules.drain(..) {
+        let resources: Vec<String> =
+            serde_json::from_value(rule["resources"].clone()).expect("resources");
+        let verbs: Vec<String> = serde_json::from_value(rule["verbs"].clone()).expect("verbs");
+        if !resources.iter().any(|r| r == resource) || !verbs.iter().any(|v| v == verb) {
+            out.push(rule);
+            continue;
+        }
+        removed = true;
+        let others: Vec<&String> = resources.iter().filter(|r| *r != resource).collect();
+        if !others.is_empty() {
+            let mut rest = rule.clone();
+            rest["resources"] = json!(others);
+            out.push(rest);
+        }
+        let kept: Vec<&String> = verbs.iter().filter(|v| *v != verb).collect();
+        if !kept.is_empty() {
+            let mut this = rule.clone();
+            this["resources"] = json!([resource]);
+            this["verbs"] = json!(kept);
+            out.push(this);
+        }
+    }
+    assert!(removed, "{kind} {name} does not grant {verb} on {resource}");
+    *rules = out;
+}
+
+/// A kubelet-lite node with a real agent: its name, labels and number of 80 GB A100s.
 #[derive(Clone, Debug)]
 pub struct NodeSpec {
     /// Node name.
     pub name: String,
     /// Node labels (topology levels).
     pub labels: BTreeMap<String, String>,
-    /// GPU count.
+    /// GPU count, NVLink-connected in pairs.
     pub gpus: u32,
-    /// Run a real in-process agent (else the inventory goes into the registry directly).
-    pub real_agent: bool,
 }
 
 impl NodeSpec {
-    /// A node with `gpus` 80 GB GPUs, NVLink-connected in pairs.
-    pub fn new(name: &str, gpus: u32, real_agent: bool) -> Self {
+    /// A node with `gpus` GPUs.
+    pub fn new(name: &str, gpus: u32) -> Self {
         Self {
             name: name.into(),
             labels: BTreeMap::new(),
             gpus,
-            real_agent,
         }
     }
 
@@ -95,6 +126,8 @@ impl NodeSpec {
         self
     }
 
+    /// The simulated machine in the hack/gpus format; no `name`, so the file name (the node
+    /// name) gives each node its own GPU UUIDs.
     fn shape_yaml(&self) -> String {
         let mut s = String::from("cpu_milli: 256000\nmemory_mib: 2097152\nnvlinks:\n");
         for i in (0..self.gpus.saturating_sub(1)).step_by(2) {
@@ -111,304 +144,313 @@ impl NodeSpec {
     }
 }
 
-/// A running cluster.
-pub struct Cluster {
-    /// Temporary directories of the nodes.
-    pub dir: TempDir,
-    /// The API server.
-    pub server: Option<ApiServerHandle>,
-    /// An admin client (system:masters).
-    pub admin: kube::Client,
+/// What to start.
+pub struct Options {
+    /// The nodes.
+    pub nodes: Vec<NodeSpec>,
+    /// kube-controller-manager controllers (`serviceaccount-controller` at least: pods
+    /// need their namespace's ServiceAccount).
+    pub controllers: String,
+    /// Changes to the rendered documents before they are applied (e.g. [`remove_verb`]).
+    pub edit: fn(&mut Vec<Value>),
+}
+
+impl Options {
+    /// `nodes`, the ServiceAccount controller only, the chart as rendered.
+    pub fn new(nodes: Vec<NodeSpec>) -> Self {
+        Self {
+            nodes,
+            controllers: "serviceaccount-controller".into(),
+            edit: |_| {},
+        }
+    }
+}
+
+/// The agent process; killed and reaped on drop so a failing test leaves no orphan.
+pub struct AgentProcess {
+    child: Child,
+    log: PathBuf,
+    /// Where its `/metrics` is served.
+    pub metrics: SocketAddr,
+}
+
+impl AgentProcess {
+    /// The agent's log (stderr) so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One node: the kubelet-lite and its agent.
+pub struct NodeSlot {
+    /// The spec it was started from.
+    pub spec: NodeSpec,
+    /// The agent (dropped before the kubelet).
+    pub agent: AgentProcess,
+    /// The kubelet-lite.
+    pub kubelet: LiteNode,
+}
+
+/// A running deployment.
+pub struct Harness {
+    /// The nodes.
+    pub nodes: Vec<NodeSlot>,
     /// The coordinator.
     pub coordinator: Option<CoordinatorHandle>,
-    nodes: Vec<HollowNodeHandle>,
-    agents: Vec<Agent>,
-    /// Open "streams" of registry-fed nodes (kept so the registry sees them connected).
-    streams: Vec<tokio::sync::mpsc::Receiver<pb::CoordinatorMessage>>,
-    /// Marks pods allocated on registry-fed nodes, as their agent would.
-    marker: Option<tokio::task::JoinHandle<()>>,
+    /// A cluster-admin client (the test's own requests).
+    pub admin: kube::Client,
+    /// The documents that were applied (after [`Options::edit`]).
+    pub applied: Vec<Value>,
+    /// Scratch space: shapes, state, tokens, logs.
+    pub dir: tempfile::TempDir,
+    /// The control plane (dropped last).
+    pub cluster: Cluster,
 }
 
-fn agent_token(node: &str) -> String {
-    format!("agent-token-{node}")
+/// A free TCP port on 127.0.0.1 (the agent prints no bound address, so it gets a fixed one).
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    l.local_addr().expect("bound address").port()
 }
 
-fn client(server: &ApiServerHandle, token: &str) -> kube::Client {
-    kube::Client::try_from(
-        kubeconfig::client_config(&server.url(), Some(token)).expect("client config"),
-    )
-    .expect("client")
-}
-
-impl Cluster {
-    /// Starts everything; the chart's CRDs, PriorityClasses and default Queue are applied
-    /// first (as `helm install` would), then the coordinator, then the nodes.
-    pub async fn start(nodes: &[NodeSpec]) -> Cluster {
+impl Harness {
+    /// Starts the control plane, applies the chart, starts the coordinator as its
+    /// ServiceAccount and waits until it leads, then each node with its agent.
+    pub async fn start(options: Options) -> Harness {
         let dir = tempfile::tempdir().expect("temporary directory");
-        let mut tokens = vec![
-            Token {
-                token: ADMIN_TOKEN.into(),
-                user: "admin".into(),
-                groups: vec!["system:masters".into(), "system:authenticated".into()],
-                extra: BTreeMap::new(),
-            },
-            Token {
-                token: COORDINATOR_TOKEN.into(),
-                user: COORDINATOR_USER.into(),
-                groups: vec![
-                    "system:serviceaccounts".into(),
-                    "system:authenticated".into(),
-                ],
-                extra: BTreeMap::new(),
-            },
-        ];
-        for n in nodes {
-            tokens.push(Token {
-                token: agent_token(&n.name),
-                user: AGENT_USER.into(),
-                groups: vec![
-                    "system:serviceaccounts".into(),
-                    "system:authenticated".into(),
-                ],
-                extra: BTreeMap::from([(NODE_NAME_EXTRA.to_string(), vec![n.name.clone()])]),
-            });
-        }
-        let server = ApiServer::start(ApiServerConfig {
-            tokens,
-            require_auth: true,
-            ..ApiServerConfig::default()
-        })
-        .await
-        .expect("API server starts");
-        // Record from the first request on: tests filter by user.
-        server.audit().enable();
-        let admin = client(&server, ADMIN_TOKEN);
-        let mut cluster = Cluster {
-            dir,
-            admin: admin.clone(),
-            server: Some(server),
-            coordinator: None,
+        let cluster = tokio::task::block_in_place(|| {
+            Cluster::start(ClusterOptions {
+                controllers: Some(options.controllers.clone()),
+                ..ClusterOptions::default()
+            })
+        });
+        let admin = cluster.admin().await;
+        let mut docs = default_render();
+        (options.edit)(&mut docs);
+        let mut h = Harness {
             nodes: Vec::new(),
-            agents: Vec::new(),
-            streams: Vec::new(),
-            marker: None,
+            coordinator: None,
+            admin,
+            applied: docs.clone(),
+            dir,
+            cluster,
         };
-        cluster.install().await;
-        cluster.start_coordinator(nodes).await;
-        for n in nodes {
-            cluster.start_node(n).await;
+        h.install(&docs).await;
+        h.start_coordinator().await;
+        for spec in &options.nodes {
+            let slot = h.start_node(spec).await;
+            h.nodes.push(slot);
         }
-        let fed: Vec<String> = nodes
+        for slot in &h.nodes {
+            h.wait_slots(slot).await;
+        }
+        h
+    }
+
+    /// What `helm install` creates that the components need: the namespace, the CRDs
+    /// (Established before anything else), the ServiceAccounts and RBAC, the PriorityClasses
+    /// and the default Queue. The workloads (Deployment, DaemonSet) are left out: the test
+    /// runs the components itself.
+    async fn install(&self, docs: &[Value]) {
+        self.apply(
+            &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}),
+        )
+        .await;
+        let crds: Vec<&Value> = docs
             .iter()
-            .filter(|n| !n.real_agent)
-            .map(|n| n.name.clone())
+            .filter(|d| d["kind"] == "CustomResourceDefinition")
             .collect();
-        if !fed.is_empty() {
-            cluster.marker = Some(tokio::spawn(mark_allocated(admin, fed)));
+        assert_eq!(crds.len(), 3, "the chart installs three CRDs");
+        for crd in &crds {
+            self.apply(crd).await;
         }
-        cluster
-    }
-
-    /// The API server.
-    pub fn server(&self) -> &ApiServerHandle {
-        self.server.as_ref().expect("server runs until shutdown")
-    }
-
-    /// What `helm install` puts in before the workloads: the namespace, the CRDs, then the
-    /// chart's cluster objects the coordinator reads (PriorityClasses, the default Queue).
-    async fn install(&self) {
-        let namespaces: Api<Namespace> = Api::all(self.admin.clone());
-        let ns: Namespace = serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}
-        }))
-        .expect("namespace object");
-        namespaces
-            .create(&PostParams::default(), &ns)
-            .await
-            .expect("namespace created");
-        for (_, crd) in tessera_coordinator::crd::all() {
-            let doc = serde_json::to_value(crd).expect("CRD serialises");
-            self.apply(&doc).await;
+        for crd in &crds {
+            let name = crd["metadata"]["name"].as_str().unwrap_or_default();
+            wait_crd_established(&self.admin, name).await;
         }
-        for doc in default_render() {
-            if matches!(doc["kind"].as_str(), Some("PriorityClass" | "Queue")) {
-                self.apply(&doc).await;
+        self.wait_until("the default ServiceAccount", || async {
+            let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+                Api::namespaced(self.admin.clone(), "default");
+            sas.get("default").await.ok().map(|_| ())
+        })
+        .await;
+        for kind in [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+            "PriorityClass",
+            "Queue",
+        ] {
+            for doc in docs.iter().filter(|d| d["kind"] == kind) {
+                self.apply(doc).await;
             }
         }
     }
 
     /// Creates one object (any kind the server serves) as the admin.
     pub async fn apply(&self, doc: &Value) -> DynamicObject {
-        let api_version = doc["apiVersion"].as_str().expect("apiVersion");
-        let kind = doc["kind"].as_str().expect("kind");
-        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-        let gvk = GroupVersionKind::gvk(group, version, kind);
-        let (resource, caps) = kube::discovery::pinned_kind(&self.admin, &gvk)
-            .await
-            .unwrap_or_else(|e| panic!("discovering {api_version} {kind}: {e}"));
-        let api: Api<DynamicObject> = match caps.scope {
-            kube::discovery::Scope::Namespaced => {
-                let ns = doc["metadata"]["namespace"].as_str().unwrap_or("default");
-                Api::namespaced_with(self.admin.clone(), ns, &resource)
-            }
-            kube::discovery::Scope::Cluster => Api::all_with(self.admin.clone(), &resource),
-        };
-        let obj: DynamicObject = serde_json::from_value(doc.clone()).expect("object");
-        api.create(&PostParams::default(), &obj)
-            .await
-            .unwrap_or_else(|e| panic!("creating {kind} {:?}: {e}", doc["metadata"]["name"]))
+        apply(&self.admin, doc).await
     }
 
-    async fn start_coordinator(&mut self, nodes: &[NodeSpec]) {
-        let coordinator_client = client(self.server(), COORDINATOR_TOKEN);
-        let registry = AgentRegistry::new();
-        // Registry-fed nodes: the inventory their agent would send on connect.
-        for n in nodes.iter().filter(|n| !n.real_agent) {
-            let (tx, rx) = tokio::sync::mpsc::channel(16);
-            registry
-                .connect(&inventory(n), 1, tx)
-                .unwrap_or_else(|e| panic!("inventory of {}: {e}", n.name));
-            self.streams.push(rx);
-        }
+    async fn start_coordinator(&mut self) {
+        let client = self
+            .cluster
+            .service_account(NAMESPACE, COORDINATOR_SA)
+            .await;
         let defaults = CoordinatorConfig::default();
         let config = CoordinatorConfig {
             scheduler_name: "tessera".into(),
             identity: "tessera-coordinator-0".into(),
             lease: LeaseConfig {
                 namespace: NAMESPACE.into(),
-                name: "tessera-coordinator".into(),
+                name: LEASE.into(),
                 duration: Duration::from_secs(15),
                 renew_every: Duration::from_millis(500),
             },
             agent_listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
             metrics_listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
-            authenticator: Authenticator::token_review(
-                coordinator_client.clone(),
-                vec![AGENT_USER.into()],
-            ),
-            // Registry-fed nodes never send heartbeats.
-            agent_timeout: Duration::from_secs(3600),
+            // The chart's `--agent-auth=tokenreview --agent-users=<agent ServiceAccount>`.
+            authenticator: Authenticator::token_review(client.clone(), vec![AGENT_USER.into()]),
+            agent_timeout: Duration::from_secs(30),
             cycle_interval: Duration::from_millis(200),
-            registry: Some(registry),
             ..defaults
         };
-        let handle = Coordinator::start(coordinator_client, config)
+        let handle = Coordinator::start(client, config)
             .await
             .expect("coordinator starts");
         self.coordinator = Some(handle);
-        self.wait_until("the coordinator leads", || {
+        self.wait_until("the coordinator to lead", || {
             let leads = self.coordinator.as_ref().is_some_and(|c| c.is_leader());
             async move { leads.then_some(()) }
         })
         .await;
     }
 
-    async fn start_node(&mut self, n: &NodeSpec) {
-        let dir = self.dir.path().join(&n.name);
-        for sub in ["dp", "pr", "state", "proc"] {
-            std::fs::create_dir_all(dir.join(sub)).expect("node directories");
-        }
-        let node_client = client(self.server(), &agent_token(&n.name));
-        let hollow_config = HollowNodeConfig {
-            name: n.name.clone(),
-            labels: n.labels.clone(),
-            cpu: "256".into(),
-            memory: "2Ti".into(),
-            pods: 110,
-            gpus: GpuShape {
-                // Without a device plugin the hollow kubelet admits against this count; a
-                // real agent advertises `shares_per_gpu` (10) slots per GPU.
-                count: if n.real_agent { n.gpus } else { n.gpus * 10 },
-                model: "A100-80GB".into(),
-                memory_mib: 81920,
-                mig: BTreeMap::new(),
-            },
-            device_plugin_dir: n.real_agent.then(|| dir.join("dp")),
-            device_plugin_timeout: DEADLINE,
-            pod_resources_dir: n.real_agent.then(|| dir.join("pr")),
-        };
-        if !n.real_agent {
-            let hollow = HollowNode::start(self.admin.clone(), hollow_config)
-                .await
-                .unwrap_or_else(|e| panic!("hollow node {}: {e}", n.name));
-            self.nodes.push(hollow);
-            return;
-        }
-        // The hollow kubelet waits for its device plugin; the agent needs kubelet.sock.
-        let hollow = tokio::spawn(HollowNode::start(self.admin.clone(), hollow_config));
-        let kubelet_sock = dir.join("dp/kubelet.sock");
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        while !kubelet_sock.exists() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "no kubelet.sock for {}",
-                n.name
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let token_file = dir.join("token");
-        std::fs::write(&token_file, agent_token(&n.name)).expect("token file");
-        let source = KubeAssignments::start(node_client.clone(), &n.name);
-        assert!(
-            source.wait_synced(DEADLINE).await,
-            "agent of {} lists its pods",
-            n.name
-        );
-        let coordinator = self
-            .coordinator
-            .as_ref()
-            .and_then(CoordinatorHandle::agent_addr)
-            .expect("coordinator agent address");
-        let sim = SimBackend::from_yaml(&n.shape_yaml(), &n.name).expect("GPU shape parses");
-        let config = AgentConfig {
-            node_name: n.name.clone(),
-            backend: Backend::Sim(Arc::new(sim)),
-            device_plugin_dir: dir.join("dp"),
-            pod_resources_socket: dir.join("pr/kubelet.sock"),
-            state_dir: dir.join("state"),
-            admin_socket: None,
-            options: NodeOptions::default(),
-            source: Arc::new(source),
-            reconcile_every: Duration::from_secs(1),
-            reconcile_grace: Duration::from_secs(30),
-            metrics_addr: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
-            coordinator: Some(format!("http://{coordinator}")),
-            coordinator_token_file: Some(token_file),
-            proc_root: dir.join("proc"),
-            watchdog: None,
-            events: Arc::new(KubeEvents::new(node_client, &n.name)),
-            mps: Default::default(),
-            mig: Default::default(),
-        };
-        let agent = Agent::start(config)
-            .await
-            .unwrap_or_else(|e| panic!("agent of {} starts: {e}", n.name));
-        self.agents.push(agent);
-        let hollow = hollow
-            .await
-            .expect("hollow node task")
-            .unwrap_or_else(|e| panic!("hollow node {}: {e}", n.name));
-        self.nodes.push(hollow);
+    /// The coordinator's handle.
+    pub fn coordinator(&self) -> &CoordinatorHandle {
+        self.coordinator.as_ref().expect("the coordinator runs")
     }
 
-    /// Polls `probe` until it answers, or fails after [`DEADLINE`].
-    pub async fn wait_until<T, F, Fut>(&self, what: &str, mut probe: F) -> T
+    async fn start_node(&self, spec: &NodeSpec) -> NodeSlot {
+        let dir = self.dir.path().join(&spec.name);
+        for sub in ["state", "proc"] {
+            std::fs::create_dir_all(dir.join(sub)).expect("node directories");
+        }
+        let shape = dir.join(format!("{}.yaml", spec.name));
+        std::fs::write(&shape, spec.shape_yaml()).expect("shape file");
+        let mut options = NodeOptions::new(&spec.name);
+        options.labels = spec.labels.clone();
+        options.capacity = BTreeMap::from([
+            ("cpu".to_owned(), "256".to_owned()),
+            ("memory".to_owned(), "2Ti".to_owned()),
+            ("pods".to_owned(), "110".to_owned()),
+        ]);
+        let kubelet = tokio::task::block_in_place(|| LiteNode::start(&self.cluster, options));
+
+        // The DaemonSet pod's token: the agent ServiceAccount's, bound to a pod on this node,
+        // so the coordinator's TokenReview learns the node.
+        let pod_name = format!("tessera-agent-{}", spec.name);
+        let agent_pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod_name, "namespace": NAMESPACE},
+            "spec": {"nodeName": spec.name, "serviceAccountName": AGENT_SA,
+                     "containers": [{"name": "agent", "image": "tessera-agent"}]},
+        }))
+        .expect("agent pod");
+        Api::<Pod>::namespaced(self.admin.clone(), NAMESPACE)
+            .create(&PostParams::default(), &agent_pod)
+            .await
+            .unwrap_or_else(|e| panic!("agent pod on {}: {e}", spec.name));
+        let token = pod_bound_token(&self.admin, NAMESPACE, AGENT_SA, &pod_name, &[]).await;
+        let token_file = dir.join("token");
+        std::fs::write(&token_file, token).expect("token file");
+        let kubeconfig = tokio::task::block_in_place(|| {
+            self.cluster.service_account_kubeconfig(NAMESPACE, AGENT_SA)
+        });
+
+        let coordinator = self
+            .coordinator()
+            .agent_addr()
+            .expect("the coordinator serves agents");
+        let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let log = dir.join("agent.log");
+        let child = Command::new(env!("CARGO_BIN_EXE_deploy-check-agent"))
+            .arg("run")
+            .args(["--node-name", &spec.name])
+            .arg(format!("--gpu-backend=sim:{}", shape.display()))
+            .arg("--device-plugin-dir")
+            .arg(kubelet.device_plugin_dir())
+            .arg("--pod-resources-socket")
+            .arg(kubelet.pod_resources_socket())
+            .arg("--state-dir")
+            .arg(dir.join("state"))
+            .arg("--admin-socket")
+            .arg(dir.join("agent.sock"))
+            .arg("--proc-root")
+            .arg(dir.join("proc"))
+            .arg(format!("--coordinator=http://{coordinator}"))
+            .arg("--coordinator-token-file")
+            .arg(&token_file)
+            .arg(format!("--metrics-addr={metrics}"))
+            .args(["--reconcile-interval-secs", "1", "--no-watchdog"])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(&log).expect("agent log"))
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting the agent of {}: {e}", spec.name));
+        NodeSlot {
+            spec: spec.clone(),
+            agent: AgentProcess {
+                child,
+                log,
+                metrics,
+            },
+            kubelet,
+        }
+    }
+
+    /// Waits until the node advertises its agent's slots (10 per GPU).
+    async fn wait_slots(&self, slot: &NodeSlot) {
+        let nodes: Api<Node> = Api::all(self.admin.clone());
+        let want = (slot.spec.gpus * 10).to_string();
+        self.wait_until(
+            &format!("node {} to advertise {want} GPU slots", slot.spec.name),
+            || async {
+                let n = nodes.get(&slot.spec.name).await.ok()?;
+                let q = n.status?.allocatable?.get("nvidia.com/gpu")?.0.clone();
+                (q == want).then_some(())
+            },
+        )
+        .await;
+    }
+
+    /// The node slot named `name`.
+    pub fn node(&self, name: &str) -> &NodeSlot {
+        self.nodes
+            .iter()
+            .find(|n| n.spec.name == name)
+            .unwrap_or_else(|| panic!("no node {name}"))
+    }
+
+    /// Polls `probe` until it answers, or fails after [`DEADLINE`] with a picture of the
+    /// cluster and the agents' logs.
+    pub async fn wait_until<T, F, Fut>(&self, what: &str, probe: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Option<T>>,
     {
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        loop {
-            if let Some(v) = probe().await {
-                return v;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "timed out waiting for {what}:\n{}",
-                self.describe().await
-            );
-            tokio::time::sleep(POLL).await;
-        }
+        tessera_testcluster::wait_for(what, probe, || self.describe()).await
     }
 
     /// All pods in `namespace`.
@@ -420,7 +462,29 @@ impl Cluster {
             .unwrap_or_default()
     }
 
-    /// Pods and their state, for failure messages.
+    /// Pod `name` in `default`, if it exists.
+    pub async fn pod(&self, name: &str) -> Option<Pod> {
+        Api::<Pod>::namespaced(self.admin.clone(), "default")
+            .get(name)
+            .await
+            .ok()
+    }
+
+    /// Events about pod `default/name`: (reason, message).
+    pub async fn events_of(&self, name: &str) -> Vec<(String, String)> {
+        let events: Api<Event> = Api::namespaced(self.admin.clone(), "default");
+        events
+            .list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some(name))
+            .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+            .collect()
+    }
+
+    /// Pods and their state, the agents' log tails, for failure messages.
     pub async fn describe(&self) -> String {
         let mut out = String::new();
         for pod in self.pods("default").await {
@@ -445,97 +509,178 @@ impl Cluster {
                 status.phase,
             ));
         }
+        for n in &self.nodes {
+            let log = n.agent.log();
+            let lines: Vec<&str> = log.lines().collect();
+            out.push_str(&format!(
+                "--- agent of {}:\n{}\n",
+                n.spec.name,
+                lines[lines.len().saturating_sub(15)..].join("\n")
+            ));
+        }
         out
     }
 
-    /// Stops everything.
+    /// Stops the coordinator; the rest stops on drop.
     pub async fn shutdown(mut self) {
-        if let Some(marker) = self.marker.take() {
-            marker.abort();
-        }
         if let Some(c) = self.coordinator.take() {
             c.shutdown().await;
-        }
-        for agent in std::mem::take(&mut self.agents) {
-            let _ = agent.stop().await;
-        }
-        for node in std::mem::take(&mut self.nodes) {
-            node.shutdown().await;
-        }
-        if let Some(server) = self.server.take() {
-            server.shutdown().await;
         }
     }
 }
 
-/// What a registry-fed node's agent would do after the kubelet's Allocate: mark each pod
-/// bound there `tessera.dev/allocated` (the coordinator waits for that mark before binding a
-/// second pod with the same slot count to the node).
-async fn mark_allocated(admin: kube::Client, nodes: Vec<String>) {
-    let pods: Api<Pod> = Api::all(admin.clone());
-    loop {
-        if let Ok(list) = pods.list(&ListParams::default()).await {
-            for pod in list.items {
-                let on_fed_node = pod
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.node_name.as_ref())
-                    .is_some_and(|n| nodes.contains(n));
-                let marked = pod
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .is_some_and(|a| a.contains_key("tessera.dev/allocated"));
-                if !on_fed_node || marked {
-                    continue;
-                }
-                let api: Api<Pod> = Api::namespaced(
-                    admin.clone(),
-                    pod.metadata.namespace.as_deref().unwrap_or("default"),
-                );
-                let patch = serde_json::json!({
-                    "metadata": {"annotations": {"tessera.dev/allocated": "1"}}
-                });
-                let _ = api
-                    .patch(
-                        pod.metadata.name.as_deref().unwrap_or_default(),
-                        &kube::api::PatchParams::default(),
-                        &kube::api::Patch::Merge(&patch),
-                    )
-                    .await;
-            }
+/// Creates one object (any kind the server serves) with `client`, retrying while its kind is
+/// not yet discoverable (a CRD that was just Established).
+pub async fn apply(client: &kube::Client, doc: &Value) -> DynamicObject {
+    let api_version = doc["apiVersion"].as_str().expect("apiVersion");
+    let kind = doc["kind"].as_str().expect("kind");
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let (resource, caps) = loop {
+        match kube::discovery::pinned_kind(client, &gvk).await {
+            Ok(found) => break found,
+            Err(e) => assert!(
+                tokio::time::Instant::now() < deadline,
+                "discovering {api_version} {kind}: {e}"
+            ),
         }
+        tokio::time::sleep(POLL).await;
+    };
+    let api: Api<DynamicObject> = match caps.scope {
+        kube::discovery::Scope::Namespaced => {
+            let ns = doc["metadata"]["namespace"].as_str().unwrap_or("default");
+            Api::namespaced_with(client.clone(), ns, &resource)
+        }
+        kube::discovery::Scope::Cluster => Api::all_with(client.clone(), &resource),
+    };
+    let obj: DynamicObject = serde_json::from_value(doc.clone()).expect("object");
+    api.create(&PostParams::default(), &obj)
+        .await
+        .unwrap_or_else(|e| panic!("creating {kind} {:?}: {e}", doc["metadata"]["name"]))
+}
+
+/// Waits until CRD `name` has condition Established=True.
+pub async fn wait_crd_established(client: &kube::Client, name: &str) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let established = crds.get(name).await.ok().is_some_and(|c| {
+            c.status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+        });
+        if established {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "CRD {name} was not Established"
+        );
         tokio::time::sleep(POLL).await;
     }
 }
 
-/// The inventory an agent on `n` would send.
-fn inventory(n: &NodeSpec) -> pb::NodeInventory {
-    let gpus: Vec<pb::Gpu> = (0..n.gpus)
-        .map(|i| pb::Gpu {
-            uuid: format!("GPU-{}-{i}", n.name),
-            index: i,
-            model: "A100-80GB".into(),
-            memory_mib: 81920,
-            numa_node: 0,
-            pci_bus_id: format!("00000000:{:02x}:00.0", i + 1),
-            ..Default::default()
+/// `GET /metrics` from `addr` over plain HTTP/1.0: the body.
+pub async fn scrape(addr: SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .await
+        .expect("request");
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.expect("response");
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no HTTP response from {addr}: {text:?}"));
+    assert!(
+        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+        "{addr}/metrics: {head}"
+    );
+    body.to_owned()
+}
+
+/// A pod for the tessera scheduler in `default`, with one `main` container asking for
+/// `gpus` nvidia.com/gpu.
+pub fn gpu_pod(
+    name: &str,
+    queue: &str,
+    gpus: u32,
+    priority_class: &str,
+    annotations: Value,
+) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "labels": {"tessera.dev/queue": queue},
+            "annotations": annotations,
+        },
+        "spec": {
+            "schedulerName": "tessera",
+            "priorityClassName": priority_class,
+            "containers": [{
+                "name": "main",
+                "image": "busybox",
+                "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}},
+            }],
+        },
+    }))
+    .expect("pod object")
+}
+
+/// Whether the pod is bound to a node.
+pub fn is_bound(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_ref())
+        .is_some()
+}
+
+/// Whether the pod's agent marked it `tessera.dev/allocated`.
+pub fn is_allocated(pod: &Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key("tessera.dev/allocated"))
+}
+
+/// `(uuid, memory MiB, compute milli)` of each GPU in the pod's `tessera.dev/assignment`.
+pub fn slices(pod: &Pod) -> Vec<(String, u64, u64)> {
+    let text = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("tessera.dev/assignment"))
+        .unwrap_or_else(|| panic!("{:?} has no assignment", pod.metadata.name));
+    let a: Value = serde_json::from_str(text).expect("assignment JSON");
+    a["containers"]
+        .as_array()
+        .expect("containers")
+        .iter()
+        .flat_map(|c| c["gpus"].as_array().cloned().unwrap_or_default())
+        .map(|g| {
+            (
+                g["uuid"].as_str().unwrap_or_default().to_owned(),
+                g["memory_mib"].as_u64().unwrap_or(0),
+                g["compute_milli"].as_u64().unwrap_or(0),
+            )
         })
-        .collect();
-    let links = (0..n.gpus.saturating_sub(1))
-        .step_by(2)
-        .map(|i| pb::GpuLink {
-            gpu_a: format!("GPU-{}-{i}", n.name),
-            gpu_b: format!("GPU-{}-{}", n.name, i + 1),
-            nvlink_count: 12,
-            ..Default::default()
-        })
-        .collect();
-    pb::NodeInventory {
-        node_name: n.name.clone(),
-        agent_version: "test".into(),
-        gpus,
-        links: Some(pb::LinkMatrix { links }),
-        shares_per_gpu: 10,
-    }
+        .collect()
+}
+
+/// The node a pod is bound to.
+pub fn node_of(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default()
 }
