@@ -195,6 +195,11 @@ pub enum Reason {
         /// The reclaiming queue.
         queue: String,
     },
+    /// The pod has scheduling gates; it is not placed until they are removed.
+    SchedulingGated {
+        /// The gates' names.
+        gates: Vec<String>,
+    },
     /// A node-level failure; counted across nodes.
     Node(NodeReason),
     /// Fits on some nodes, but the capacity went to pods ahead of it in this cycle or the
@@ -225,15 +230,61 @@ pub enum NodeReason {
     InsufficientGpuShare,
     /// GPUs with enough share lack memory.
     InsufficientGpuMemory,
+    /// A NoSchedule/NoExecute taint the pod does not tolerate (`{key: value}` as
+    /// kube-scheduler writes it).
+    UntoleratedTaint(String),
+    /// A bound PersistentVolume's node affinity excludes the node.
+    VolumeNodeAffinity,
+    /// The node already runs its allocatable number of pods.
+    TooManyPods,
+    /// Not enough of a resource other than CPU, memory and GPUs (its name).
+    InsufficientResource(String),
+    /// A requested host port is taken.
+    HostPorts,
+    /// The pod's required inter-pod affinity is not met in the node's domain.
+    PodAffinity,
+    /// The pod's required inter-pod anti-affinity is violated in the node's domain.
+    PodAntiAffinity,
+    /// A running pod's required anti-affinity forbids this pod in the node's domain.
+    ExistingAntiAffinity,
+    /// A hard topology spread constraint would be skewed beyond maxSkew.
+    TopologySpread,
+    /// The node lacks a hard topology spread constraint's topology key.
+    TopologySpreadMissingLabel,
     /// The node would fit the pod alone.
     Fits,
+}
+
+impl NodeReason {
+    /// The kube-scheduler filter plugin that reports the same failure, where one does (GPU
+    /// fit is Tessera's own).
+    pub fn kube_plugin(&self) -> Option<&'static str> {
+        Some(match self {
+            NodeReason::Unschedulable => "NodeUnschedulable",
+            NodeReason::NodeSelector => "NodeAffinity",
+            NodeReason::UntoleratedTaint(_) => "TaintToleration",
+            NodeReason::VolumeNodeAffinity => "VolumeBinding",
+            NodeReason::InsufficientCpu
+            | NodeReason::InsufficientMemory
+            | NodeReason::TooManyPods
+            | NodeReason::InsufficientResource(_) => "NodeResourcesFit",
+            NodeReason::HostPorts => "NodePorts",
+            NodeReason::PodAffinity
+            | NodeReason::PodAntiAffinity
+            | NodeReason::ExistingAntiAffinity => "InterPodAffinity",
+            NodeReason::TopologySpread | NodeReason::TopologySpreadMissingLabel => {
+                "PodTopologySpread"
+            }
+            _ => return None,
+        })
+    }
 }
 
 impl fmt::Display for NodeReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             NodeReason::Unschedulable => "node unschedulable",
-            NodeReason::NodeSelector => "node selector mismatch",
+            NodeReason::NodeSelector => "node affinity/selector mismatch",
             NodeReason::NoGpus => "no GPU",
             NodeReason::GpuModel => "GPU model not accepted",
             NodeReason::InsufficientCpu => "insufficient CPU",
@@ -242,6 +293,18 @@ impl fmt::Display for NodeReason {
             NodeReason::InsufficientWholeGpus => "too few free whole GPUs",
             NodeReason::InsufficientGpuShare => "insufficient free GPU share on any single GPU",
             NodeReason::InsufficientGpuMemory => "insufficient GPU memory on any single GPU",
+            NodeReason::UntoleratedTaint(t) => return write!(f, "untolerated taint {t}"),
+            NodeReason::VolumeNodeAffinity => "volume node affinity conflict",
+            NodeReason::TooManyPods => "too many pods",
+            NodeReason::InsufficientResource(r) => return write!(f, "insufficient {r}"),
+            NodeReason::HostPorts => "no free ports for the requested pod ports",
+            NodeReason::PodAffinity => "pod affinity rules not met",
+            NodeReason::PodAntiAffinity => "pod anti-affinity rules not met",
+            NodeReason::ExistingAntiAffinity => "existing pods' anti-affinity rules not met",
+            NodeReason::TopologySpread => "pod topology spread constraints not met",
+            NodeReason::TopologySpreadMissingLabel => {
+                "pod topology spread constraints not met (missing required label)"
+            }
             NodeReason::Fits => "would fit the pod alone",
         })
     }
@@ -313,6 +376,11 @@ impl fmt::Display for Reason {
             Reason::NoReclaimVictims { queue } => write!(
                 f,
                 "queue {queue} is below its fair share, but no preemptible pod of a queue above its own can be evicted for it without taking that queue below its deserved quota, or below its fair share where {queue} would pass its own deserved quota (a gang leaves whole)"
+            ),
+            Reason::SchedulingGated { gates } => write!(
+                f,
+                "scheduling is blocked by the pod's scheduling gates ({})",
+                gates.join(", ")
             ),
             Reason::Node(n) => write!(f, "{n}"),
             Reason::NotReached => f.write_str("capacity taken by pods ahead of it this cycle"),

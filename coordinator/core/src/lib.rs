@@ -9,6 +9,7 @@
 //! tests without paying for optimising the coordinator's Kubernetes code.
 
 pub mod actions;
+pub mod constraints;
 pub mod cycle;
 pub mod fairshare;
 pub mod model;

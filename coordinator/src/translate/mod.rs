@@ -188,6 +188,7 @@ pub fn snapshot(inputs: &Inputs<'_>) -> Translated {
             groups,
             queues,
             topology: topo.map(topology::levels),
+            namespaces: Default::default(),
         },
         queue_problems,
         group_problems,

@@ -44,5 +44,6 @@ pub fn translate(node: &KubeNode, gpus: Option<Vec<Gpu>>, tolerated_taints: &[St
         labels: node.metadata.labels.clone().unwrap_or_default(),
         gpus: gpus.unwrap_or_default(),
         schedulable: !cordoned && ready && !tainted,
+        constraints: Default::default(),
     }
 }

@@ -268,6 +268,7 @@ pub fn translate(pod: &KubePod, ctx: &PodContext) -> Option<TranslatedPod> {
         owned_by_other_scheduler: !ours,
         // Other schedulers' pods are never validated: they are only counted.
         input_errors: if ours { errors } else { Vec::new() },
+        constraints: Default::default(),
     };
     Some(TranslatedPod {
         pod: model,

@@ -1,6 +1,7 @@
 //! Allocate: jobs in fair-share order onto free capacity; gangs atomically, elastic pods one by
 //! one; topology-constrained gangs inside one domain.
 
+use crate::constraints::Prepared;
 use crate::cycle::Reason;
 use crate::placement::{GpuChoice, NodeScore, place_on_node};
 
@@ -167,9 +168,7 @@ impl Engine<'_> {
         let uniform = gang
             .iter()
             .all(|&p| self.ctx.pods[p as usize].demand == self.ctx.pods[gang[0] as usize].demand)
-            && gang
-                .iter()
-                .all(|&p| self.ctx.snap.pods[p as usize].node_selector.is_empty());
+            && gang.iter().all(|&p| !self.ctx.pods[p as usize].dynamic);
         let topo = group.map(|g| {
             (
                 self.ctx.groups[g].required_level,
@@ -359,34 +358,41 @@ impl Engine<'_> {
     ) -> Option<(u32, GpuChoice)> {
         let info = &self.ctx.pods[p as usize];
         let d = info.demand;
-        let cacheable = self.cache_on
-            && restrict.is_none()
-            && exclude.is_none()
-            && self.ctx.snap.pods[p as usize].node_selector.is_empty();
+        let cacheable = self.cache_on && restrict.is_none() && exclude.is_none() && !info.dynamic;
         if cacheable && self.failed.contains_key(&d) {
             return None;
         }
         let ctx = &self.ctx;
         let st = &self.st;
+        // Counted once per placement attempt, as kube-scheduler's PreFilter does.
+        let prepared =
+            (info.dynamic || info.prefers).then(|| Prepared::new(ctx.snap, p, st, &ctx.anti_pods));
         let k_max = ctx.cfg.nodes_to_score.max(1);
         let v_max = ctx.cfg.max_nodes_visited.max(1);
-        let mut best: Option<(NodeScore, u32, u32, GpuChoice)> = None;
+        let mut best: Option<((i64, NodeScore), u32, u32, GpuChoice)> = None;
         let mut scored = 0usize;
         let mut visited = 0usize;
         let mut consider = |n: u32| -> bool {
+            // Nodes the pod may never use do not count against the visit bound, so a narrow
+            // affinity still finds its node in a large cluster.
+            if Some(n) == exclude || !ctx.static_ok(p, n) {
+                return true;
+            }
             visited += 1;
-            if Some(n) != exclude
-                && ctx.selector_ok(p, n)
-                && let Ok(c) = place_on_node(&st.nodes[n as usize], &d, &ctx.mix, &ctx.cfg.weights)
+            if let Ok(c) = place_on_node(&st.nodes[n as usize], &d, &ctx.mix, &ctx.cfg.weights)
+                && prepared
+                    .as_ref()
+                    .is_none_or(|pr| !info.dynamic || pr.misfit(n, st).is_none())
             {
                 scored += 1;
                 let r = st.index.rank(n);
+                let key = (prepared.as_ref().map_or(0, |pr| pr.preference(n)), c.score);
                 let better = match &best {
                     None => true,
-                    Some((bs, br, _, _)) => c.score > *bs || (c.score == *bs && r < *br),
+                    Some((bk, br, _, _)) => key > *bk || (key == *bk && r < *br),
                 };
                 if better {
-                    best = Some((c.score, r, n, c));
+                    best = Some((key, r, n, c));
                 }
             }
             scored < k_max && visited < v_max
@@ -394,6 +400,14 @@ impl Engine<'_> {
         match restrict {
             Some(nodes) => {
                 for &n in nodes {
+                    if !consider(n) {
+                        break;
+                    }
+                }
+            }
+            // A pod that tolerates cordons may use nodes the capacity index leaves out.
+            None if d.tolerates_cordon => {
+                for &n in &self.rank_order {
                     if !consider(n) {
                         break;
                     }

@@ -2,7 +2,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::cycle::{CycleConfig, Reason};
+use crate::constraints;
+use crate::cycle::{CycleConfig, NodeReason, Reason};
 use crate::fairshare::{QueueTree, Share};
 use crate::model::{GpuShare, Isolation, Pod, Resources, Snapshot};
 use crate::placement::frag::ShapeMix;
@@ -30,6 +31,12 @@ pub struct PodInfo {
     pub min_share: u32,
     /// Why the pod cannot be scheduled at all.
     pub invalid: Option<Reason>,
+    /// Its fit depends on what else is placed (inter-pod rules, spread, ports, extended
+    /// resources, or another pod's anti-affinity that matches it): judged through
+    /// `constraints::Prepared` and kept out of failure caches.
+    pub dynamic: bool,
+    /// It ranks nodes by preference (preferred affinities, soft spread, soft taints).
+    pub prefers: bool,
 }
 
 /// A pod group (explicit or implied by pods' `tessera.dev/pod-group` + `min-member`).
@@ -84,7 +91,19 @@ pub struct Ctx<'a> {
     pub max_node_gpus: u32,
     /// Cluster capacity (healthy GPUs, schedulable nodes) in accounting units.
     pub capacity: Resources,
+    /// Pods with required anti-affinity terms (they restrict where every matching pod goes).
+    pub anti_pods: Vec<u32>,
+    /// Some node has a PreferNoSchedule taint (then every pod ranks nodes by it).
+    pub soft_taints: bool,
 }
+
+/// What a pod's static constraints are made of; pods with equal keys pass the same nodes.
+type StaticKey<'a> = (
+    &'a BTreeMap<String, String>,
+    &'a [crate::model::Toleration],
+    &'a Option<crate::model::NodeSelector>,
+    &'a [crate::model::NodeSelector],
+);
 
 impl<'a> Ctx<'a> {
     /// Indexes and validates the snapshot.
@@ -160,13 +179,55 @@ impl<'a> Ctx<'a> {
             gpu_kinds,
             max_node_gpus,
             capacity,
+            anti_pods: (0..snap.pods.len() as u32)
+                .filter(|&p| {
+                    !snap.pods[p as usize]
+                        .constraints
+                        .pod_anti_affinity
+                        .is_empty()
+                })
+                .collect(),
+            soft_taints: snap.nodes.iter().any(|n| {
+                n.constraints
+                    .taints
+                    .iter()
+                    .any(|t| t.effect == crate::model::TaintEffect::PreferNoSchedule)
+            }),
         };
-        ctx.pods = snap.pods.iter().map(|p| ctx.pod_info(p)).collect();
+        let mut classes: BTreeMap<StaticKey, u32> = BTreeMap::new();
+        let any_static = snap
+            .nodes
+            .iter()
+            .any(|n| !n.schedulable || !n.constraints.taints.is_empty());
+        ctx.pods = snap
+            .pods
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let c = &p.constraints;
+                let key: StaticKey = (
+                    &p.node_selector,
+                    // Tolerations matter only where some node is tainted or cordoned.
+                    if any_static { &c.tolerations } else { &[] },
+                    &c.node_affinity,
+                    &c.volume_node_affinity,
+                );
+                let empty =
+                    key.0.is_empty() && key.1.is_empty() && key.2.is_none() && key.3.is_empty();
+                let next = classes.len() as u32 + 1;
+                let class = if empty {
+                    0
+                } else {
+                    *classes.entry(key).or_insert(next)
+                };
+                ctx.pod_info(i as u32, p, class)
+            })
+            .collect();
         ctx.build_groups();
         ctx
     }
 
-    fn pod_info(&self, p: &Pod) -> PodInfo {
+    fn pod_info(&self, i: u32, p: &Pod, class: u32) -> PodInfo {
         let count = p.gpu.count;
         let share = p.gpu.per_gpu;
         let demand = PodDemand {
@@ -176,7 +237,19 @@ impl<'a> Ctx<'a> {
             share,
             models: self.models.set_of(&p.gpu_models),
             mig: p.isolation == Isolation::Mig,
+            tolerates_cordon: constraints::taints::tolerates_cordon(&p.constraints.tolerations),
+            class,
         };
+        let exposed = self.anti_pods.iter().any(|&q| {
+            q != i && {
+                let own = constraints::affinity::namespace_labels(self.snap, &p.namespace);
+                self.snap.pods[q as usize]
+                    .constraints
+                    .pod_anti_affinity
+                    .iter()
+                    .any(|t| constraints::affinity::term_matches(t, p, own))
+            }
+        });
         let (per_gpu, landing) = if count == 0 {
             (0, 0)
         } else {
@@ -204,6 +277,8 @@ impl<'a> Ctx<'a> {
             min_gpu_milli: u64::from(count) * u64::from(per_gpu),
             min_share: per_gpu,
             invalid,
+            dynamic: exposed || constraints::is_dynamic(p),
+            prefers: self.soft_taints || constraints::has_preferences(p),
         }
     }
 
@@ -220,6 +295,17 @@ impl<'a> Ctx<'a> {
     }
 
     fn validate(&self, p: &Pod, queue: Option<usize>) -> Option<Reason> {
+        if !p.constraints.scheduling_gates.is_empty() {
+            return Some(Reason::SchedulingGated {
+                gates: p.constraints.scheduling_gates.clone(),
+            });
+        }
+        if p.terminating {
+            return Some(Reason::InvalidInput {
+                field: "metadata.deletionTimestamp".into(),
+                message: "the pod is being deleted; it is not placed".into(),
+            });
+        }
         if let Some(e) = p.input_errors.first() {
             return Some(Reason::InvalidInput {
                 field: e.field.clone(),
@@ -357,14 +443,22 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    /// Whether node `n`'s labels satisfy pod `p`'s node selector.
-    pub fn selector_ok(&self, p: u32, n: u32) -> bool {
-        let sel = &self.snap.pods[p as usize].node_selector;
-        if sel.is_empty() {
-            return true;
+    /// The first static constraint (cordon, taints, node selector and affinity, volume node
+    /// affinity) node `n` breaks for pod `p`.
+    pub fn static_misfit(&self, p: u32, n: u32) -> Option<NodeReason> {
+        let node = &self.snap.nodes[n as usize];
+        if self.pods[p as usize].demand.class == 0
+            && node.schedulable
+            && node.constraints.taints.is_empty()
+        {
+            return None;
         }
-        let labels = &self.snap.nodes[n as usize].labels;
-        sel.iter().all(|(k, v)| labels.get(k) == Some(v))
+        constraints::static_misfit(&self.snap.pods[p as usize], &self.snap.nodes[n as usize])
+    }
+
+    /// Whether pod `p` passes node `n`'s static constraints.
+    pub fn static_ok(&self, p: u32, n: u32) -> bool {
+        self.static_misfit(p, n).is_none()
     }
 
     /// Leaf fair shares are computed by the engine; this converts a share array to display.

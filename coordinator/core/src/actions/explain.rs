@@ -4,18 +4,21 @@
 
 use std::collections::BTreeMap;
 
+use crate::constraints::Prepared;
 use crate::cycle::{NodeReason, PendingExplanation, Reason};
 use crate::placement::{Misfit, PodDemand, check_fit};
 
 use super::engine::Engine;
 
-/// Node counts are shared by pods with the same demand and node selector.
-type CountKey<'a> = (PodDemand, &'a BTreeMap<String, String>);
+/// Node counts are shared by pods with the same demand (which carries the static constraint
+/// class); pods with dynamic constraints are counted one by one.
+type CountKey = PodDemand;
 
 fn node_reason(m: Misfit) -> NodeReason {
     match m {
         Misfit::Unschedulable => NodeReason::Unschedulable,
         Misfit::NodeSelector => NodeReason::NodeSelector,
+        Misfit::TooManyPods => NodeReason::TooManyPods,
         Misfit::NoGpus => NodeReason::NoGpus,
         Misfit::ModelMismatch => NodeReason::GpuModel,
         Misfit::Cpu => NodeReason::InsufficientCpu,
@@ -29,16 +32,22 @@ fn node_reason(m: Misfit) -> NodeReason {
 
 impl Engine<'_> {
     fn node_counts(&self, p: u32) -> Vec<(NodeReason, u32)> {
-        let d = self.ctx.pods[p as usize].demand;
+        let info = &self.ctx.pods[p as usize];
+        let d = info.demand;
+        let prepared = info
+            .dynamic
+            .then(|| Prepared::new(self.ctx.snap, p, &self.st, &self.ctx.anti_pods));
         let mut counts: BTreeMap<NodeReason, u32> = BTreeMap::new();
         for n in 0..self.st.nodes.len() as u32 {
-            let r = if !self.ctx.selector_ok(p, n) {
-                NodeReason::NodeSelector
-            } else {
-                match check_fit(&self.st.nodes[n as usize], &d) {
-                    Ok(()) => NodeReason::Fits,
+            let r = match self.ctx.static_misfit(p, n) {
+                Some(r) => r,
+                None => match check_fit(&self.st.nodes[n as usize], &d) {
                     Err(m) => node_reason(m),
-                }
+                    Ok(()) => prepared
+                        .as_ref()
+                        .and_then(|pr| pr.misfit(n, &self.st))
+                        .unwrap_or(NodeReason::Fits),
+                },
             };
             *counts.entry(r).or_insert(0) += 1;
         }
@@ -72,9 +81,15 @@ impl Engine<'_> {
                 parts.push(n.to_string());
                 reasons.push((n.clone(), 1));
             }
-            let counts = cache
-                .entry((info.demand, &pod.node_selector))
-                .or_insert_with(|| self.node_counts(i as u32));
+            let own;
+            let counts = if info.dynamic {
+                own = self.node_counts(i as u32);
+                &own
+            } else {
+                cache
+                    .entry(info.demand)
+                    .or_insert_with(|| self.node_counts(i as u32))
+            };
             let fit = counts
                 .iter()
                 .find(|c| c.0 == NodeReason::Fits)

@@ -14,6 +14,16 @@ use crate::placement::{
 
 use super::context::Ctx;
 
+impl crate::constraints::Occupancy for State {
+    fn pods_on(&self, n: u32) -> &[u32] {
+        &self.node_pods[n as usize]
+    }
+
+    fn node_of(&self, p: u32) -> Option<u32> {
+        self.placed[p as usize].as_ref().map(|pl| pl.node)
+    }
+}
+
 /// Where a pod sits: node and `(gpu index, compute milli, memory MiB)` per GPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Placed {
@@ -306,9 +316,10 @@ impl State {
         Some(placed)
     }
 
-    /// Checks pod `p` on node `n` including the node selector.
+    /// Checks pod `p` on node `n` including its static constraints (the dynamic ones are
+    /// judged where the pod is placed).
     pub fn fits(&self, ctx: &Ctx, p: u32, n: u32) -> bool {
-        ctx.selector_ok(p, n)
+        ctx.static_ok(p, n)
             && check_fit(&self.nodes[n as usize], &ctx.pods[p as usize].demand).is_ok()
     }
 }

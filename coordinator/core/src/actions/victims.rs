@@ -249,7 +249,7 @@ impl Engine<'_> {
     /// consolidating, re-places every moved pod elsewhere). Returns the number of pods evicted,
     /// or `None` (state then needs a rollback by the caller).
     fn evict_for(&mut self, p: u32, n: u32, mode: Mode) -> Option<usize> {
-        if !self.ctx.selector_ok(p, n) {
+        if !self.ctx.static_ok(p, n) {
             return None;
         }
         let mut cands: Vec<u32> = self.st.node_pods[n as usize]
@@ -365,7 +365,7 @@ impl Engine<'_> {
         match cap {
             None => false,
             Some(c) => {
-                self.ctx.selector_ok(p, n)
+                self.ctx.static_ok(p, n)
                     && crate::placement::check_fit(&c, &self.ctx.pods[p as usize].demand).is_ok()
             }
         }
@@ -535,7 +535,7 @@ impl Engine<'_> {
     /// depends on its size and topology).
     fn search_key(&self, gang: &[u32], mode: Mode) -> Option<SearchKey> {
         let [p] = gang else { return None };
-        if !self.ctx.snap.pods[*p as usize].node_selector.is_empty() {
+        if self.ctx.pods[*p as usize].dynamic {
             return None;
         }
         let d = self.ctx.pods[*p as usize].demand;

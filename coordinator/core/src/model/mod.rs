@@ -3,6 +3,7 @@
 //! A [`Snapshot`] is everything one scheduling cycle reads. The cluster layer (or the simulator)
 //! builds it; the core never mutates it.
 
+mod constraints;
 mod group;
 mod node;
 mod pod;
@@ -11,6 +12,11 @@ mod resources;
 mod snapshot;
 pub mod synthetic;
 
+pub use constraints::{
+    HostPort, InclusionPolicy, LabelSelector, NamespaceScope, NodeConstraints, NodeSelector,
+    NodeSelectorTerm, PodAffinityTerm, PodConstraints, PreferredNodeTerm, Requirement, SelectorOp,
+    SpreadConstraint, Taint, TaintEffect, Toleration, TolerationOp, WeightedPodTerm,
+};
 pub use group::PodGroup;
 pub use node::{Gpu, MigInstance, Node};
 pub use pod::{

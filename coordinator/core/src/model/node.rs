@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::constraints::NodeConstraints;
+
 /// A GPU as the node agent reports it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Gpu {
@@ -63,8 +65,12 @@ pub struct Node {
     pub labels: BTreeMap<String, String>,
     /// GPUs in index order.
     pub gpus: Vec<Gpu>,
-    /// False when cordoned: existing pods stay, nothing new is placed.
+    /// False when cordoned (`spec.unschedulable`): existing pods stay, nothing new is placed
+    /// unless it tolerates `node.kubernetes.io/unschedulable:NoSchedule`.
     pub schedulable: bool,
+    /// Taints, pod limit and extended resources.
+    #[serde(default)]
+    pub constraints: NodeConstraints,
 }
 
 impl Node {
@@ -77,6 +83,7 @@ impl Node {
             labels: BTreeMap::new(),
             gpus: Vec::new(),
             schedulable: true,
+            constraints: NodeConstraints::default(),
         }
     }
 

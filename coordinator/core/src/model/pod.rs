@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::constraints::PodConstraints;
+
 /// How much of each requested GPU a pod wants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum GpuShare {
@@ -157,6 +159,9 @@ pub struct Pod {
     pub owned_by_other_scheduler: bool,
     /// Malformed inputs found while reading the pod.
     pub input_errors: Vec<InputError>,
+    /// Taints tolerated, affinities, spread, ports, extended resources, gates.
+    #[serde(default)]
+    pub constraints: PodConstraints,
 }
 
 impl Pod {
@@ -184,6 +189,7 @@ impl Pod {
             terminating: false,
             owned_by_other_scheduler: false,
             input_errors: Vec::new(),
+            constraints: PodConstraints::default(),
         }
     }
 

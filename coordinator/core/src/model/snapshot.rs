@@ -1,5 +1,7 @@
 //! The snapshot one scheduling cycle reads.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::{Node, Pod, PodGroup, Queue};
@@ -26,6 +28,9 @@ pub struct Snapshot {
     pub queues: Vec<Queue>,
     /// Topology levels; `None` = only nodes (and NVLink islands inside them).
     pub topology: Option<TopologyLevels>,
+    /// Namespace name → labels, for inter-pod terms with a namespace selector.
+    #[serde(default)]
+    pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 impl Snapshot {

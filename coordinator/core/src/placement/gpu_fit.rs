@@ -95,6 +95,8 @@ pub struct NodeCapacity {
     pub schedulable: bool,
     /// Pods on the node (GPU pods prefer nodes already in use, so empty nodes stay whole).
     pub pods: u32,
+    /// Allocatable pod count (`u32::MAX` = unlimited).
+    pub max_pods: u32,
 }
 
 impl NodeCapacity {
@@ -115,6 +117,7 @@ impl NodeCapacity {
                 .collect(),
             schedulable: node.schedulable,
             pods: 0,
+            max_pods: node.constraints.max_pods.unwrap_or(u32::MAX),
         }
     }
 }
@@ -134,6 +137,11 @@ pub struct PodDemand {
     pub models: ModelSet,
     /// Needs a MIG-mode GPU.
     pub mig: bool,
+    /// May land on a cordoned node (tolerates `node.kubernetes.io/unschedulable`).
+    pub tolerates_cordon: bool,
+    /// Static constraint class (see `Ctx`): pods of one class pass the same nodes' static
+    /// filters, so failure caches keyed by demand stay exact. 0 = no static constraint.
+    pub class: u32,
 }
 
 impl PodDemand {
@@ -210,6 +218,8 @@ pub enum Misfit {
     Unschedulable,
     /// Node labels do not match the pod's node selector.
     NodeSelector,
+    /// The node runs its allocatable number of pods.
+    TooManyPods,
     /// The node has no GPU.
     NoGpus,
     /// The node's GPU model is not acceptable.
@@ -265,8 +275,11 @@ const DELTA_SCALE: f64 = 1e6;
 
 /// Checks whether the pod fits on the node at all, without choosing GPUs.
 pub fn check_fit(node: &NodeCapacity, d: &PodDemand) -> Result<(), Misfit> {
-    if !node.schedulable {
+    if !node.schedulable && !d.tolerates_cordon {
         return Err(Misfit::Unschedulable);
+    }
+    if node.pods >= node.max_pods {
+        return Err(Misfit::TooManyPods);
     }
     if d.gpu_count > 0 {
         if node.gpus.is_empty() {
@@ -504,6 +517,7 @@ mod tests {
                 .collect(),
             schedulable: true,
             pods: 1,
+            max_pods: u32::MAX,
         }
     }
 
@@ -515,6 +529,8 @@ mod tests {
             share: GpuShare::Fraction(m),
             models: ModelSet::ANY,
             mig: false,
+            tolerates_cordon: false,
+            class: 0,
         }
     }
 

@@ -166,6 +166,7 @@ mod tests {
                 .collect(),
             schedulable: true,
             pods: 0,
+            max_pods: u32::MAX,
         }
     }
 
@@ -177,6 +178,8 @@ mod tests {
             share,
             models: ModelSet::ANY,
             mig: false,
+            tolerates_cordon: false,
+            class: 0,
         }
     }
 

@@ -390,6 +390,7 @@ impl<'a> FillEngine<'a> {
                 .collect(),
             schedulable: true,
             pods: s.pods,
+            max_pods: u32::MAX,
         };
         let sh = &pod.shape;
         let demand = PodDemand {
@@ -403,6 +404,8 @@ impl<'a> FillEngine<'a> {
             },
             models: sh.models,
             mig: false,
+            tolerates_cordon: false,
+            class: 0,
         };
         let choice = place_on_node(&cap, &demand, &self.memo.mix, &self.core_weights).ok()?;
         let mask = choice
