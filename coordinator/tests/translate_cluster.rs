@@ -1,12 +1,18 @@
-//! Group derivation, queues, topology, nodes and whole-snapshot assembly.
+//! Group derivation, queues, topology, nodes (capacity, taints, readiness), volumes' node
+//! affinity, namespaces and whole-snapshot assembly.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Node as KubeNode, Pod as KubePod};
+use k8s_openapi::api::core::v1::{
+    Namespace, Node as KubeNode, PersistentVolume, PersistentVolumeClaim, Pod as KubePod,
+};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
+use k8s_openapi::api::storage::v1::StorageClass;
 use serde_json::{Value, json};
 use tessera_coordinator::crd::{PodGroup, Queue, Topology};
-use tessera_coordinator::model::{Gpu, PodGroup as ModelGroup};
+use tessera_coordinator::model::{
+    Gpu, PodGroup as ModelGroup, Requirement, SelectorOp, Taint, TaintEffect,
+};
 use tessera_coordinator::translate::{self, Inputs};
 
 fn kpod(name: &str, meta: Value, spec: Value) -> KubePod {
@@ -278,59 +284,292 @@ fn knode(name: &str, spec: Value, ready: &str) -> KubeNode {
     serde_json::from_value(json!({
         "metadata": {"name": name, "labels": {"topology.tessera.dev/rack": "r1"}},
         "spec": spec,
-        "status": {"allocatable": {"cpu": "31500m", "memory": "256Gi", "nvidia.com/gpu": "40"},
+        "status": {"allocatable": {"cpu": "31500m", "memory": "256Gi", "nvidia.com/gpu": "40",
+                                   "pods": "110", "ephemeral-storage": "100Gi",
+                                   "hugepages-2Mi": "1Gi", "example.com/fpga": "2",
+                                   "nvidia.com/mig-1g.10gb": "7"},
                    "conditions": [{"type": "Ready", "status": ready}]},
     }))
     .unwrap()
 }
 
+fn taint(key: &str, value: &str, effect: TaintEffect) -> Taint {
+    Taint {
+        key: key.into(),
+        value: value.into(),
+        effect,
+    }
+}
+
 #[test]
-fn nodes_with_agent_gpus_and_schedulability() {
+fn nodes_with_agent_gpus_capacity_and_extended_resources() {
     let gpus = vec![
         Gpu::new("n1", 0, "H100", 81_920),
         Gpu::new("n1", 1, "H100", 81_920),
     ];
-    let tolerated = vec!["nvidia.com/gpu".to_string()];
-    let n = translate::node::translate(
-        &knode("n1", json!({}), "True"),
-        Some(gpus.clone()),
-        &tolerated,
-    );
+    let n = translate::node::translate(&knode("n1", json!({}), "True"), Some(gpus.clone()));
     assert_eq!((n.cpu_milli, n.memory_mib), (31_500, 262_144));
     assert_eq!(n.gpus, gpus);
     assert!(n.schedulable);
     assert_eq!(n.labels["topology.tessera.dev/rack"], "r1");
-    let n = translate::node::translate(&knode("n1", json!({}), "True"), None, &tolerated);
+    assert_eq!(n.constraints.max_pods, Some(110));
+    // GPUs (whole and MIG), CPU, memory and pods are not "extended": the core has them.
+    assert_eq!(
+        n.constraints.extended,
+        BTreeMap::from([
+            ("ephemeral-storage".to_string(), 100 << 30),
+            ("example.com/fpga".to_string(), 2),
+            ("hugepages-2Mi".to_string(), 1 << 30),
+        ])
+    );
+    assert!(n.constraints.taints.is_empty());
+    let n = translate::node::translate(&knode("n1", json!({}), "True"), None);
     assert!(n.gpus.is_empty());
-    let cases = [
-        (json!({"unschedulable": true}), "True", false),
-        (json!({}), "False", false),
-        (json!({}), "Unknown", false),
+}
+
+#[test]
+fn taints_cordons_and_readiness() {
+    use TaintEffect::*;
+    let cases: Vec<(Value, &str, bool, Vec<Taint>)> = vec![
+        // Cordoned: unschedulable, no taint added (the core reads `schedulable`).
+        (json!({"unschedulable": true}), "True", false, vec![]),
+        // Not ready without the lifecycle controller's taint: the taint it would add.
         (
-            json!({"taints": [{"key": "maintenance", "effect": "NoSchedule"}]}),
-            "True",
-            false,
+            json!({}),
+            "False",
+            true,
+            vec![taint("node.kubernetes.io/not-ready", "", NoSchedule)],
         ),
         (
-            json!({"taints": [{"key": "maintenance", "effect": "NoExecute"}]}),
-            "True",
-            false,
+            json!({}),
+            "Unknown",
+            true,
+            vec![taint("node.kubernetes.io/unreachable", "", NoSchedule)],
         ),
+        // The controller's own taint is kept as it is, nothing added.
         (
-            json!({"taints": [{"key": "spot", "effect": "PreferNoSchedule"}]}),
+            json!({"taints": [{"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"}]}),
+            "False",
+            true,
+            vec![taint("node.kubernetes.io/not-ready", "", NoExecute)],
+        ),
+        // Every taint, of every effect, reaches the core; no key is special.
+        (
+            json!({"taints": [
+                {"key": "maintenance", "effect": "NoSchedule"},
+                {"key": "spot", "value": "yes", "effect": "PreferNoSchedule"},
+                {"key": "nvidia.com/gpu", "value": "present", "effect": "NoExecute"},
+                {"key": "bogus", "effect": "Sometimes"},
+            ]}),
             "True",
             true,
-        ),
-        (
-            json!({"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]}),
-            "True",
-            true,
+            vec![
+                taint("maintenance", "", NoSchedule),
+                taint("spot", "yes", PreferNoSchedule),
+                taint("nvidia.com/gpu", "present", NoExecute),
+            ],
         ),
     ];
-    for (spec, ready, want) in cases {
-        let n = translate::node::translate(&knode("n", spec.clone(), ready), None, &tolerated);
-        assert_eq!(n.schedulable, want, "{spec} ready={ready}");
+    for (spec, ready, schedulable, taints) in cases {
+        let n = translate::node::translate(&knode("n", spec.clone(), ready), None);
+        assert_eq!(n.schedulable, schedulable, "{spec} ready={ready}");
+        assert_eq!(n.constraints.taints, taints, "{spec} ready={ready}");
     }
+    // A node without any Ready condition is unreachable.
+    let bare: KubeNode = serde_json::from_value(json!({"metadata": {"name": "b"}})).unwrap();
+    let n = translate::node::translate(&bare, None);
+    assert_eq!(
+        n.constraints.taints,
+        vec![taint("node.kubernetes.io/unreachable", "", NoSchedule)]
+    );
+    assert_eq!(n.constraints.max_pods, None);
+}
+
+fn claim(name: &str, spec: Value, annotations: Value, extra: Value) -> PersistentVolumeClaim {
+    let mut meta = json!({"name": name, "namespace": "ns", "annotations": annotations});
+    meta.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    serde_json::from_value(json!({"metadata": meta, "spec": spec})).unwrap()
+}
+
+fn bound(name: &str, pv: &str) -> PersistentVolumeClaim {
+    claim(
+        name,
+        json!({"volumeName": pv}),
+        json!({"pv.kubernetes.io/bind-completed": "yes"}),
+        json!({}),
+    )
+}
+
+#[test]
+fn volumes_give_pending_pods_node_affinity_or_a_reason() {
+    let local: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": "pv-local"},
+        "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n2"]}]}]}}},
+    }))
+    .unwrap();
+    let by_name: PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": "pv-fields"},
+        "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": ["n2"]}]}]}}},
+    }))
+    .unwrap();
+    let anywhere: PersistentVolume =
+        serde_json::from_value(json!({"metadata": {"name": "pv-any"}, "spec": {}})).unwrap();
+    let wffc: StorageClass = serde_json::from_value(json!({
+        "metadata": {"name": "local"}, "provisioner": "x",
+        "volumeBindingMode": "WaitForFirstConsumer"}))
+    .unwrap();
+    let immediate: StorageClass = serde_json::from_value(json!({
+        "metadata": {"name": "fast"}, "provisioner": "x", "volumeBindingMode": "Immediate"}))
+    .unwrap();
+    let claims = [
+        bound("c-local", "pv-local"),
+        bound("c-fields", "pv-fields"),
+        bound("c-any", "pv-any"),
+        bound("c-gone", "pv-missing"),
+        claim(
+            "c-wait",
+            json!({"storageClassName": "local"}),
+            json!({}),
+            json!({}),
+        ),
+        claim(
+            "c-imm",
+            json!({"storageClassName": "fast"}),
+            json!({}),
+            json!({}),
+        ),
+        claim("c-noclass", json!({}), json!({}), json!({})),
+        // Names its volume, but the PV controller has not completed the binding.
+        claim(
+            "c-prebound",
+            json!({"volumeName": "pv-any"}),
+            json!({}),
+            json!({}),
+        ),
+        claim(
+            "c-dying",
+            json!({"volumeName": "pv-any"}),
+            json!({"pv.kubernetes.io/bind-completed": "yes"}),
+            json!({"deletionTimestamp": "2026-01-01T00:00:00Z", "finalizers": ["x"]}),
+        ),
+        claim(
+            "p-scratch",
+            json!({"storageClassName": "local"}),
+            json!({}),
+            json!({"ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "p",
+                                        "uid": "p", "controller": true}]}),
+        ),
+    ];
+    let volumes = [&local, &by_name, &anywhere];
+    let classes = [&wffc, &immediate];
+    let run = |volume: Value| {
+        let p = kpod("p", json!({}), json!({"volumes": [volume]}));
+        let mut inputs = Inputs::new(0, "tessera");
+        inputs.pods = vec![&p];
+        inputs.claims = claims.iter().collect();
+        inputs.volumes = volumes.to_vec();
+        inputs.storage_classes = classes.to_vec();
+        translate::snapshot(&inputs).snapshot.pods.remove(0)
+    };
+    let pvc = |name: &str| json!({"name": "data", "persistentVolumeClaim": {"claimName": name}});
+
+    let p = run(pvc("c-local"));
+    assert!(p.input_errors.is_empty(), "{:?}", p.input_errors);
+    let affinity = &p.constraints.volume_node_affinity;
+    assert_eq!(affinity.len(), 1);
+    assert_eq!(
+        affinity[0].terms[0].match_expressions,
+        vec![Requirement {
+            key: "kubernetes.io/hostname".into(),
+            operator: SelectorOp::In,
+            values: vec!["n2".into()],
+        }]
+    );
+    // kube-scheduler checks a volume's affinity against node labels only: a name
+    // requirement sees "", so `In [n2]` holds for no node.
+    let p = run(pvc("c-fields"));
+    assert_eq!(
+        p.constraints.volume_node_affinity[0].terms[0].match_fields,
+        vec![Requirement {
+            key: "metadata.name".into(),
+            operator: SelectorOp::In,
+            values: vec![String::new()],
+        }]
+    );
+    // No affinity on the volume, and a waiting claim: no constraint, no error.
+    for name in ["c-any", "c-wait"] {
+        let p = run(pvc(name));
+        assert!(p.input_errors.is_empty(), "{name}: {:?}", p.input_errors);
+        assert!(p.constraints.volume_node_affinity.is_empty(), "{name}");
+    }
+    let p = run(json!({"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}}));
+    assert!(p.input_errors.is_empty(), "{:?}", p.input_errors);
+
+    let reasons = [
+        (pvc("nope"), "persistentvolumeclaim \"nope\" not found"),
+        (
+            pvc("c-imm"),
+            "pod has unbound immediate PersistentVolumeClaims",
+        ),
+        (
+            pvc("c-noclass"),
+            "pod has unbound immediate PersistentVolumeClaims",
+        ),
+        (
+            pvc("c-prebound"),
+            "pod has unbound immediate PersistentVolumeClaims",
+        ),
+        (pvc("c-dying"), "is being deleted"),
+        (
+            pvc("c-gone"),
+            "persistentvolume \"pv-missing\", which does not exist",
+        ),
+        (
+            json!({"name": "other", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}}),
+            "ephemeral volume controller",
+        ),
+    ];
+    for (volume, want) in reasons {
+        let p = run(volume.clone());
+        let e = p
+            .input_errors
+            .first()
+            .unwrap_or_else(|| panic!("{volume}: no error"));
+        assert!(e.field.starts_with("spec.volumes[0]."), "{e:?}");
+        assert!(e.message.contains(want), "{volume}: {e:?}");
+    }
+
+    // A bound pod is not checked again (binding is a scheduling-time check).
+    let p = kpod(
+        "q",
+        json!({}),
+        json!({"nodeName": "n1", "volumes": [pvc("nope")]}),
+    );
+    let mut inputs = Inputs::new(0, "tessera");
+    inputs.pods = vec![&p];
+    let q = translate::snapshot(&inputs).snapshot.pods.remove(0);
+    assert!(q.input_errors.is_empty());
+}
+
+#[test]
+fn namespaces_labels_reach_the_snapshot() {
+    let ns: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "team-a", "labels": {"tier": "gold"}}}))
+            .unwrap();
+    let mut inputs = Inputs::new(0, "tessera");
+    inputs.namespaces = vec![&ns];
+    let s = translate::snapshot(&inputs).snapshot;
+    assert_eq!(
+        s.namespaces,
+        BTreeMap::from([(
+            "team-a".to_string(),
+            BTreeMap::from([("tier".to_string(), "gold".to_string())])
+        )])
+    );
 }
 
 #[test]

@@ -1,11 +1,17 @@
-//! Pod translation: every label, annotation and migration alias of the user contract, and every
-//! bad input answered with an error naming the field and the accepted form.
+//! Pod translation: every label, annotation and migration alias of the user contract, the
+//! Kubernetes placement constraints field by field (requests as kube-scheduler sums them,
+//! tolerations, affinities, spread, ports, gates), and every bad input answered with an error
+//! naming the field and the accepted form.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod as KubePod;
 use serde_json::{Value, json};
-use tessera_coordinator::model::{Assignment, GpuShare, InputError, Isolation};
+use tessera_coordinator::model::{
+    Assignment, GpuShare, HostPort, InclusionPolicy, InputError, Isolation, LabelSelector,
+    NamespaceScope, NodeSelectorTerm, PodAffinityTerm, PreferredNodeTerm, Requirement, SelectorOp,
+    SpreadConstraint, TaintEffect, Toleration, TolerationOp, WeightedPodTerm,
+};
 use tessera_coordinator::translate::pod::{PodContext, TranslatedPod, translate};
 use tessera_coordinator::translate::{GroupSource, keys};
 
@@ -537,4 +543,513 @@ fn owners_imply_groups() {
         owned("Job", json!({"jobset.sigs.k8s.io/jobset-name": "big"})).as_deref(),
         Some("jobset-big")
     );
+}
+
+/// A tessera pod with `labels` and the given spec fields (merged over one container `main`).
+fn with_spec(labels: Value, spec: Value) -> KubePod {
+    let mut s = json!({"schedulerName": "tessera", "containers": [{"name": "main"}]});
+    s.as_object_mut()
+        .unwrap()
+        .extend(spec.as_object().unwrap().clone());
+    serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "labels": labels},
+        "spec": s,
+    }))
+    .expect("valid pod")
+}
+
+fn req(key: &str, operator: SelectorOp, values: &[&str]) -> Requirement {
+    Requirement {
+        key: key.into(),
+        operator,
+        values: values.iter().map(|v| v.to_string()).collect(),
+    }
+}
+
+fn first_error(t: &TranslatedPod) -> &InputError {
+    t.pod
+        .input_errors
+        .first()
+        .unwrap_or_else(|| panic!("no input error in {:?}", t.pod.constraints))
+}
+
+#[test]
+fn requests_follow_kube_scheduler_sidecars_pod_level_and_overhead() {
+    let p = with_spec(
+        json!({}),
+        json!({
+            "initContainers": [
+                // A sidecar: runs alongside everything after it.
+                {"name": "proxy", "restartPolicy": "Always",
+                 "resources": {"requests": {"cpu": "500m", "memory": "1Gi",
+                                            "example.com/nic": "1"}}},
+                // Runs alone next to the sidecar: 2 + 0.5 CPU.
+                {"name": "setup", "resources": {"requests": {"cpu": "2", "ephemeral-storage": "10Gi"}}},
+            ],
+            "containers": [
+                {"name": "main", "resources": {
+                    "requests": {"cpu": "1", "memory": "2Gi", "hugepages-2Mi": "64Mi"},
+                    "limits": {"nvidia.com/gpu": "1", "example.com/fpga": "2"}}},
+                {"name": "side", "resources": {"requests": {"memory": "512Mi", "cpu": "250m"}}},
+            ],
+            "overhead": {"cpu": "100m", "memory": "16Mi"},
+        }),
+    );
+    let t = run(&p);
+    assert!(t.pod.input_errors.is_empty(), "{:?}", t.pod.input_errors);
+    // cpu: max(1 + 0.25 + 0.5, 2 + 0.5) + 0.1; memory: 2Gi + 512Mi + 1Gi + 16Mi.
+    assert_eq!(t.pod.cpu_milli, 2600);
+    assert_eq!(t.pod.memory_mib, 2048 + 512 + 1024 + 16);
+    assert_eq!(
+        t.pod.constraints.extended,
+        BTreeMap::from([
+            ("ephemeral-storage".to_string(), 10 << 30),
+            ("example.com/fpga".to_string(), 2),
+            ("example.com/nic".to_string(), 1),
+            ("hugepages-2Mi".to_string(), 64 << 20),
+        ]),
+        "GPUs, CPU and memory are not extended resources"
+    );
+
+    // Pod-level requests replace the containers' sum for CPU and memory (not the rest).
+    let p = with_spec(
+        json!({}),
+        json!({
+            "resources": {"requests": {"cpu": "4", "memory": "8Gi"}},
+            "containers": [{"name": "main", "resources": {"requests": {
+                "cpu": "1", "memory": "1Gi", "ephemeral-storage": "1G"}}}],
+        }),
+    );
+    let t = run(&p);
+    assert_eq!((t.pod.cpu_milli, t.pod.memory_mib), (4000, 8192));
+    assert_eq!(
+        t.pod.constraints.extended["ephemeral-storage"],
+        1_000_000_000
+    );
+
+    // Amounts are summed exactly and rounded once: two 0.5 MiB containers need 1 MiB.
+    let p = with_spec(
+        json!({}),
+        json!({"containers": [
+            {"name": "a", "resources": {"requests": {"memory": "512Ki"}}},
+            {"name": "b", "resources": {"requests": {"memory": "512Ki"}}},
+        ]}),
+    );
+    assert_eq!(run(&p).pod.memory_mib, 1);
+
+    for (spec, field) in [
+        (
+            json!({"containers": [{"name": "main", "resources": {"requests": {"example.com/x": "lots"}}}]}),
+            "spec.containers[0].resources.requests.example.com/x",
+        ),
+        (json!({"overhead": {"cpu": "-1"}}), "spec.overhead.cpu"),
+        (
+            json!({"initContainers": [{"name": "i", "resources": {"limits": {"memory": "1Qi"}}}]}),
+            "spec.initContainers[0].resources.limits.memory",
+        ),
+    ] {
+        let t = run(&with_spec(json!({}), spec.clone()));
+        assert_eq!(first_error(&t).field, field, "{spec}");
+    }
+}
+
+#[test]
+fn tolerations_and_the_implicit_gpu_toleration() {
+    let p = with_spec(
+        json!({}),
+        json!({"tolerations": [
+            {"key": "dedicated", "operator": "Equal", "value": "x", "effect": "NoSchedule"},
+            {"key": "spot", "operator": "Exists"},
+            {"key": "plain", "value": "v"},
+            {"operator": "Exists"},
+        ]}),
+    );
+    let t = run(&p);
+    let tol = |key: &str, operator, value: &str, effect| Toleration {
+        key: key.into(),
+        operator,
+        value: value.into(),
+        effect,
+    };
+    assert_eq!(
+        t.pod.constraints.tolerations,
+        vec![
+            tol(
+                "dedicated",
+                TolerationOp::Equal,
+                "x",
+                Some(TaintEffect::NoSchedule)
+            ),
+            tol("spot", TolerationOp::Exists, "", None),
+            tol("plain", TolerationOp::Equal, "v", None),
+            tol("", TolerationOp::Exists, "", None),
+        ]
+    );
+
+    // A GPU pod of Tessera's tolerates nvidia.com/gpu taints (NoSchedule and NoExecute).
+    let gpu = |t: &TranslatedPod| -> Vec<Option<TaintEffect>> {
+        t.pod
+            .constraints
+            .tolerations
+            .iter()
+            .filter(|t| t.key == "nvidia.com/gpu" && t.operator == TolerationOp::Exists)
+            .map(|t| t.effect)
+            .collect()
+    };
+    let whole = run(&pod(json!({}), json!({}), json!({"nvidia.com/gpu": "1"})));
+    assert_eq!(
+        gpu(&whole),
+        [Some(TaintEffect::NoSchedule), Some(TaintEffect::NoExecute)]
+    );
+    let fraction = annotated(json!({"tessera.dev/gpu-fraction": "0.5"}));
+    assert_eq!(gpu(&fraction).len(), 2);
+    let cpu_only = run(&pod(json!({}), json!({}), json!({})));
+    assert!(gpu(&cpu_only).is_empty());
+
+    for (t, field) in [
+        (
+            json!({"key": "k", "operator": "Gt", "value": "3"}),
+            "spec.tolerations[0].operator",
+        ),
+        (
+            json!({"key": "k", "effect": "Sometimes"}),
+            "spec.tolerations[0].effect",
+        ),
+    ] {
+        let p = with_spec(json!({}), json!({"tolerations": [t.clone()]}));
+        let tr = run(&p);
+        let e = first_error(&tr);
+        assert_eq!(e.field, field, "{t}");
+        assert!(e.message.contains("use"), "{e:?}");
+    }
+}
+
+#[test]
+fn node_affinity_required_and_preferred() {
+    let p = with_spec(
+        json!({}),
+        json!({"affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [
+                    {"key": "zone", "operator": "In", "values": ["a", "b"]},
+                    {"key": "gen", "operator": "Gt", "values": ["3"]},
+                    {"key": "spot", "operator": "DoesNotExist"}]},
+                {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["n1"]}]},
+            ]},
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 20, "preference": {"matchExpressions": [
+                    {"key": "disk", "operator": "Exists"}]}},
+            ],
+        }}}),
+    );
+    let t = run(&p);
+    assert!(t.pod.input_errors.is_empty(), "{:?}", t.pod.input_errors);
+    let c = &t.pod.constraints;
+    let required = c.node_affinity.as_ref().expect("required node affinity");
+    assert_eq!(
+        required.terms,
+        vec![
+            NodeSelectorTerm {
+                match_expressions: vec![
+                    req("zone", SelectorOp::In, &["a", "b"]),
+                    req("gen", SelectorOp::Gt, &["3"]),
+                    req("spot", SelectorOp::DoesNotExist, &[]),
+                ],
+                match_fields: vec![],
+            },
+            NodeSelectorTerm {
+                match_expressions: vec![],
+                match_fields: vec![req("metadata.name", SelectorOp::NotIn, &["n1"])],
+            },
+        ]
+    );
+    assert_eq!(
+        c.preferred_node_affinity,
+        vec![PreferredNodeTerm {
+            weight: 20,
+            term: NodeSelectorTerm {
+                match_expressions: vec![req("disk", SelectorOp::Exists, &[])],
+                match_fields: vec![],
+            },
+        }]
+    );
+    assert!(!c.is_plain());
+    // No affinity at all: None, and a plain pod.
+    let t = run(&pod(json!({}), json!({}), json!({})));
+    assert_eq!(t.pod.constraints.node_affinity, None);
+    assert!(t.pod.constraints.is_plain());
+
+    let base = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]";
+    for (term, field) in [
+        (
+            json!({"matchExpressions": [{"key": "a", "operator": "Near", "values": ["x"]}]}),
+            format!("{base}.matchExpressions[0].operator"),
+        ),
+        (
+            json!({"matchExpressions": [{"key": "a", "operator": "In", "values": []}]}),
+            format!("{base}.matchExpressions[0].values"),
+        ),
+        (
+            json!({"matchExpressions": [{"key": "a", "operator": "Lt", "values": ["x"]}]}),
+            format!("{base}.matchExpressions[0].values"),
+        ),
+        (
+            json!({"matchFields": [{"key": "metadata.uid", "operator": "In", "values": ["x"]}]}),
+            format!("{base}.matchFields[0].key"),
+        ),
+        (
+            json!({"matchFields": [{"key": "metadata.name", "operator": "Exists"}]}),
+            format!("{base}.matchFields[0].operator"),
+        ),
+    ] {
+        let p = with_spec(
+            json!({}),
+            json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                {"nodeSelectorTerms": [term.clone()]}}}}),
+        );
+        let t = run(&p);
+        assert_eq!(first_error(&t).field, field, "{term}");
+    }
+}
+
+#[test]
+fn inter_pod_terms_namespaces_selectors_and_label_keys() {
+    let p = with_spec(
+        json!({"app": "web", "rev": "7"}),
+        json!({"affinity": {
+            "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                // Neither namespaces nor a selector: the pod's own namespace.
+                {"labelSelector": {"matchLabels": {"app": "db"}}, "topologyKey": "zone"},
+                // A namespace selector, no label selector: no pod matches.
+                {"namespaceSelector": {}, "topologyKey": "zone"},
+            ]},
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": {"matchExpressions": [
+                        {"key": "app", "operator": "In", "values": ["web"]},
+                        // Already merged by the API server: not added twice.
+                        {"key": "rev", "operator": "In", "values": ["7"]}]},
+                     "matchLabelKeys": ["rev", "absent"], "mismatchLabelKeys": ["app"],
+                     "namespaces": ["other"], "topologyKey": "kubernetes.io/hostname"},
+                ],
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {"weight": 5, "podAffinityTerm": {"labelSelector": {},
+                     "namespaces": ["a"], "namespaceSelector": {"matchLabels": {"t": "x"}},
+                     "topologyKey": "zone"}},
+                ],
+            },
+        }}),
+    );
+    let t = run(&p);
+    assert!(t.pod.input_errors.is_empty(), "{:?}", t.pod.input_errors);
+    let c = &t.pod.constraints;
+    assert_eq!(c.labels.get("app").map(String::as_str), Some("web"));
+    assert_eq!(
+        c.pod_affinity,
+        vec![
+            PodAffinityTerm {
+                selector: Some(LabelSelector {
+                    requirements: vec![req("app", SelectorOp::In, &["db"])],
+                }),
+                namespaces: NamespaceScope {
+                    names: vec!["ns".into()],
+                    selector: None,
+                },
+                topology_key: "zone".into(),
+            },
+            PodAffinityTerm {
+                selector: None,
+                namespaces: NamespaceScope {
+                    names: vec![],
+                    selector: Some(LabelSelector::default()),
+                },
+                topology_key: "zone".into(),
+            },
+        ]
+    );
+    assert_eq!(
+        c.pod_anti_affinity,
+        vec![PodAffinityTerm {
+            selector: Some(LabelSelector {
+                requirements: vec![
+                    req("app", SelectorOp::In, &["web"]),
+                    req("rev", SelectorOp::In, &["7"]),
+                    req("app", SelectorOp::NotIn, &["web"]),
+                ],
+            }),
+            namespaces: NamespaceScope {
+                names: vec!["other".into()],
+                selector: None,
+            },
+            topology_key: "kubernetes.io/hostname".into(),
+        }]
+    );
+    assert_eq!(
+        c.preferred_pod_anti_affinity,
+        vec![WeightedPodTerm {
+            weight: 5,
+            term: PodAffinityTerm {
+                selector: Some(LabelSelector::default()),
+                namespaces: NamespaceScope {
+                    names: vec!["a".into()],
+                    selector: Some(LabelSelector {
+                        requirements: vec![req("t", SelectorOp::In, &["x"])],
+                    }),
+                },
+                topology_key: "zone".into(),
+            },
+        }]
+    );
+
+    let p = with_spec(
+        json!({}),
+        json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchExpressions": [{"key": "a", "operator": "Gt", "values": ["1"]}]},
+             "topologyKey": "zone"}]}}}),
+    );
+    let t = run(&p);
+    assert_eq!(
+        first_error(&t).field,
+        "spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].labelSelector.matchExpressions[0].operator"
+    );
+}
+
+#[test]
+fn spread_constraints_defaults_policies_and_match_label_keys() {
+    let p = with_spec(
+        json!({"app": "web", "pod-template-hash": "abc"}),
+        json!({"topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+             "whenUnsatisfiable": "DoNotSchedule",
+             "labelSelector": {"matchLabels": {"app": "web"}},
+             "matchLabelKeys": ["pod-template-hash", "absent"]},
+            {"maxSkew": 3, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway",
+             "minDomains": 2, "nodeAffinityPolicy": "Ignore", "nodeTaintsPolicy": "Honor"},
+        ]}),
+    );
+    let t = run(&p);
+    assert!(t.pod.input_errors.is_empty(), "{:?}", t.pod.input_errors);
+    assert_eq!(
+        t.pod.constraints.spread,
+        vec![
+            SpreadConstraint {
+                max_skew: 1,
+                topology_key: "kubernetes.io/hostname".into(),
+                hard: true,
+                selector: Some(LabelSelector {
+                    requirements: vec![
+                        req("app", SelectorOp::In, &["web"]),
+                        req("pod-template-hash", SelectorOp::In, &["abc"]),
+                    ],
+                }),
+                min_domains: None,
+                node_affinity_policy: InclusionPolicy::Honor,
+                node_taints_policy: InclusionPolicy::Ignore,
+            },
+            SpreadConstraint {
+                max_skew: 3,
+                topology_key: "zone".into(),
+                hard: false,
+                selector: None,
+                min_domains: Some(2),
+                node_affinity_policy: InclusionPolicy::Ignore,
+                node_taints_policy: InclusionPolicy::Honor,
+            },
+        ]
+    );
+    for (c, field) in [
+        (
+            json!({"maxSkew": 1, "topologyKey": "z", "whenUnsatisfiable": "Maybe"}),
+            "spec.topologySpreadConstraints[0].whenUnsatisfiable",
+        ),
+        (
+            json!({"maxSkew": 0, "topologyKey": "z", "whenUnsatisfiable": "DoNotSchedule"}),
+            "spec.topologySpreadConstraints[0].maxSkew",
+        ),
+        (
+            json!({"maxSkew": 1, "topologyKey": "z", "whenUnsatisfiable": "DoNotSchedule",
+                   "nodeTaintsPolicy": "Sometimes"}),
+            "spec.topologySpreadConstraints[0].nodeTaintsPolicy",
+        ),
+    ] {
+        let p = with_spec(json!({}), json!({"topologySpreadConstraints": [c.clone()]}));
+        let t = run(&p);
+        assert_eq!(first_error(&t).field, field, "{c}");
+        assert!(t.pod.constraints.spread.is_empty());
+    }
+}
+
+#[test]
+fn host_ports_gates_and_deleted_pending_pods() {
+    let p = with_spec(
+        json!({}),
+        json!({
+            "initContainers": [
+                {"name": "once", "ports": [{"containerPort": 1, "hostPort": 1111}]},
+                {"name": "proxy", "restartPolicy": "Always",
+                 "ports": [{"containerPort": 15001, "hostPort": 15001, "protocol": "UDP"}]},
+            ],
+            "containers": [{"name": "main", "ports": [
+                {"containerPort": 80, "hostPort": 8080, "hostIP": "10.0.0.1"},
+                {"containerPort": 81},
+            ]}],
+            "schedulingGates": [{"name": "example.com/quota"}, {"name": "b"}],
+        }),
+    );
+    let t = run(&p);
+    assert!(t.pod.input_errors.is_empty(), "{:?}", t.pod.input_errors);
+    let port = |protocol: &str, ip: &str, port| HostPort {
+        protocol: protocol.into(),
+        ip: ip.into(),
+        port,
+    };
+    assert_eq!(
+        t.pod.constraints.host_ports,
+        vec![port("UDP", "0.0.0.0", 15001), port("TCP", "10.0.0.1", 8080)],
+        "ordinary init containers do not hold their ports"
+    );
+    assert_eq!(
+        t.pod.constraints.scheduling_gates,
+        ["example.com/quota", "b"]
+    );
+
+    let p = with_spec(
+        json!({}),
+        json!({"containers": [{"name": "main", "ports": [{"containerPort": 1, "hostPort": 70000}]}]}),
+    );
+    assert_eq!(
+        first_error(&run(&p)).field,
+        "spec.containers[0].ports[0].hostPort"
+    );
+
+    // A pending pod being deleted is not scheduled (nor counted: it holds nothing).
+    let p: KubePod = serde_json::from_value(json!({
+        "metadata": {"name": "p", "deletionTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"schedulerName": "tessera", "containers": [{"name": "main"}]},
+    }))
+    .unwrap();
+    assert!(translate(&p, &ctx()).is_none());
+}
+
+#[test]
+fn other_schedulers_bound_pods_carry_their_constraints_unvalidated() {
+    let p: KubePod = serde_json::from_value(json!({
+        "metadata": {"name": "o", "namespace": "ns", "labels": {"app": "db"}},
+        "spec": {"nodeName": "n1", "containers": [{"name": "c",
+            "ports": [{"containerPort": 5432, "hostPort": 5432}],
+            "resources": {"requests": {"example.com/x": "bad"}}}],
+            "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "zone"}]}},
+        },
+    }))
+    .unwrap();
+    let t = run(&p);
+    assert!(t.pod.owned_by_other_scheduler);
+    assert!(t.pod.input_errors.is_empty());
+    let c = &t.pod.constraints;
+    assert_eq!(c.labels.get("app").map(String::as_str), Some("db"));
+    assert_eq!(c.host_ports.len(), 1);
+    assert_eq!(c.pod_anti_affinity.len(), 1);
+    // Not ours: no implicit GPU toleration either.
+    assert!(c.tolerations.is_empty());
 }

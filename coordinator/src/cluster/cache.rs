@@ -1,6 +1,8 @@
 //! The coordinator's copy of the cluster: kube-runtime watchers on pods (of every scheduler, so
-//! what others run is counted), nodes, queues, pod groups, topologies and priority classes,
-//! each feeding one table of an incremental store keyed by uid or name.
+//! what others run is counted), nodes, queues, pod groups, topologies, priority classes,
+//! namespaces (labels for inter-pod terms' namespace selectors), and the claims, volumes and
+//! storage classes that give pending pods their volumes' node affinity, each feeding one table
+//! of an incremental store keyed by uid or name.
 //!
 //! Every event bumps a change counter the scheduling loop waits on. The cache is ready once
 //! every watcher finished its initial list; a custom resource whose CRD is not installed
@@ -12,8 +14,9 @@ use std::fmt::Debug;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
@@ -39,6 +42,14 @@ pub struct Store {
     pub topologies: BTreeMap<String, Arc<Topology>>,
     /// PriorityClasses by name.
     pub priority_classes: BTreeMap<String, Arc<PriorityClass>>,
+    /// Namespaces by name.
+    pub namespaces: BTreeMap<String, Arc<Namespace>>,
+    /// PersistentVolumeClaims by `namespace/name`.
+    pub claims: BTreeMap<String, Arc<PersistentVolumeClaim>>,
+    /// PersistentVolumes by name.
+    pub volumes: BTreeMap<String, Arc<PersistentVolume>>,
+    /// StorageClasses by name.
+    pub storage_classes: BTreeMap<String, Arc<StorageClass>>,
 }
 
 /// An object type the cache keeps, and where.
@@ -126,8 +137,52 @@ impl Cached for PriorityClass {
     }
 }
 
+impl Cached for Namespace {
+    const KIND: &'static str = "namespaces";
+    fn key(&self) -> Option<String> {
+        self.metadata.name.clone()
+    }
+    fn table(store: &mut Store) -> &mut BTreeMap<String, Arc<Self>> {
+        &mut store.namespaces
+    }
+}
+
+impl Cached for PersistentVolumeClaim {
+    const KIND: &'static str = "persistentvolumeclaims";
+    fn key(&self) -> Option<String> {
+        Some(format!(
+            "{}/{}",
+            self.namespace()?,
+            self.metadata.name.clone()?
+        ))
+    }
+    fn table(store: &mut Store) -> &mut BTreeMap<String, Arc<Self>> {
+        &mut store.claims
+    }
+}
+
+impl Cached for PersistentVolume {
+    const KIND: &'static str = "persistentvolumes";
+    fn key(&self) -> Option<String> {
+        self.metadata.name.clone()
+    }
+    fn table(store: &mut Store) -> &mut BTreeMap<String, Arc<Self>> {
+        &mut store.volumes
+    }
+}
+
+impl Cached for StorageClass {
+    const KIND: &'static str = "storageclasses";
+    fn key(&self) -> Option<String> {
+        self.metadata.name.clone()
+    }
+    fn table(store: &mut Store) -> &mut BTreeMap<String, Arc<Self>> {
+        &mut store.storage_classes
+    }
+}
+
 /// Number of watchers (one per table).
-const WATCHERS: usize = 6;
+const WATCHERS: usize = 10;
 
 struct Inner {
     store: RwLock<Store>,
@@ -179,6 +234,10 @@ impl Cache {
             spawn_watcher::<PodGroup>(Api::all(client.clone()), Arc::clone(&inner), 3),
             spawn_watcher::<Topology>(Api::all(client.clone()), Arc::clone(&inner), 4),
             spawn_watcher::<PriorityClass>(Api::all(client.clone()), Arc::clone(&inner), 5),
+            spawn_watcher::<Namespace>(Api::all(client.clone()), Arc::clone(&inner), 6),
+            spawn_watcher::<PersistentVolumeClaim>(Api::all(client.clone()), Arc::clone(&inner), 7),
+            spawn_watcher::<PersistentVolume>(Api::all(client.clone()), Arc::clone(&inner), 8),
+            spawn_watcher::<StorageClass>(Api::all(client.clone()), Arc::clone(&inner), 9),
         ];
         Self {
             inner,

@@ -81,10 +81,10 @@ pub fn build(
             .collect(),
         agent_gpus,
         below_min_member_since: overlay.below_min_member_since.clone(),
-        tolerated_taints: translate::node::DEFAULT_TOLERATED_TAINTS
-            .iter()
-            .map(|t| (*t).to_owned())
-            .collect(),
+        namespaces: store.namespaces.values().map(|n| n.as_ref()).collect(),
+        claims: store.claims.values().map(|c| c.as_ref()).collect(),
+        volumes: store.volumes.values().map(|v| v.as_ref()).collect(),
+        storage_classes: store.storage_classes.values().map(|c| c.as_ref()).collect(),
     };
     let mut out = translate::snapshot(&inputs);
     let by_node: BTreeMap<&str, &AgentNode> = agents.iter().map(|a| (a.node.as_str(), a)).collect();

@@ -1,5 +1,6 @@
-//! What users see: pending pods' `PodScheduled=False, reason=Unschedulable` condition with the
-//! core's explanation, Events for bad input, PodGroup / Queue / Topology status.
+//! What users see: pending pods' `PodScheduled=False` condition with the core's explanation
+//! (reason `Unschedulable`, or `SchedulingGated` for a pod whose scheduling gates hold it, as
+//! kube-scheduler writes them), Events for bad input, PodGroup / Queue / Topology status.
 //!
 //! Every write happens only when its content changed: the object's current status is compared
 //! first (so a new leader does not rewrite what the old one wrote), then what this replica
@@ -21,11 +22,14 @@ use crate::crd::{
     Condition, PodGroup, PodGroupStatus, Queue, QueueStatus, ResourceAmounts, Topology,
     TopologyStatus,
 };
-use crate::cycle::Decisions;
+use crate::cycle::{Decisions, Reason};
 use crate::translate::Translated;
 
 /// `PodScheduled` condition reason for a pod that cannot be placed.
 pub const UNSCHEDULABLE: &str = "Unschedulable";
+/// `PodScheduled` condition reason for a pod held by its scheduling gates (no
+/// FailedScheduling event: it was not tried).
+pub const SCHEDULING_GATED: &str = "SchedulingGated";
 /// PodGroup condition type telling whether the gang is bound.
 pub const SCHEDULED_CONDITION: &str = "Scheduled";
 
@@ -33,8 +37,8 @@ pub const SCHEDULED_CONDITION: &str = "Scheduled";
 pub struct StatusWriter {
     client: kube::Client,
     events: EventWriter,
-    /// Pod uid → the Unschedulable message last written.
-    pod_messages: HashMap<String, String>,
+    /// Pod uid → the PodScheduled reason and message last written.
+    pod_messages: HashMap<String, (&'static str, String)>,
     /// Pod uid → the warnings last reported as an event.
     pod_warnings: HashMap<String, String>,
     /// Status last written per custom object (`kind/namespace/name`), as JSON.
@@ -78,7 +82,16 @@ impl StatusWriter {
                 continue;
             }
             if let Some(pod) = store.pods.get(&p.pod) {
-                self.pod_unschedulable(pod, &p.message).await;
+                let gated = p
+                    .reasons
+                    .iter()
+                    .any(|(r, _)| matches!(r, Reason::SchedulingGated { .. }));
+                let reason = if gated {
+                    SCHEDULING_GATED
+                } else {
+                    UNSCHEDULABLE
+                };
+                self.pod_unschedulable(pod, reason, &p.message).await;
             }
         }
         for (uid, warnings) in &translated.pod_warnings {
@@ -109,7 +122,9 @@ impl StatusWriter {
         self.topologies(store, translated, &now).await;
     }
 
-    async fn pod_unschedulable(&mut self, pod: &Pod, message: &str) {
+    /// Writes `PodScheduled=False` with `reason` and `message` (and, unless gated, the
+    /// FailedScheduling event) when either changed.
+    async fn pod_unschedulable(&mut self, pod: &Pod, reason: &'static str, message: &str) {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let current = pod
             .status
@@ -118,17 +133,21 @@ impl StatusWriter {
             .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled"));
         let already = current.is_some_and(|c| {
             c.status == "False"
-                && c.reason.as_deref() == Some(UNSCHEDULABLE)
+                && c.reason.as_deref() == Some(reason)
                 && c.message.as_deref() == Some(message)
         });
-        if already || self.pod_messages.get(&uid).is_some_and(|m| m == message) {
-            self.pod_messages.insert(uid, message.to_owned());
+        let written = self
+            .pod_messages
+            .get(&uid)
+            .is_some_and(|(r, m)| *r == reason && m == message);
+        if already || written {
+            self.pod_messages.insert(uid, (reason, message.to_owned()));
             return;
         }
         let patch = json!({"status": {"conditions": [{
             "type": "PodScheduled",
             "status": "False",
-            "reason": UNSCHEDULABLE,
+            "reason": reason,
             "message": message,
             "lastProbeTime": null,
             "lastTransitionTime": jiff::Timestamp::now().to_string(),
@@ -144,18 +163,20 @@ impl StatusWriter {
             .await
         {
             Ok(_) => {
-                self.events
-                    .publish(
-                        &pod_object(pod),
-                        EventKind::Warning,
-                        events::FAILED_SCHEDULING,
-                        message,
-                    )
-                    .await;
-                self.pod_messages.insert(uid, message.to_owned());
+                if reason != SCHEDULING_GATED {
+                    self.events
+                        .publish(
+                            &pod_object(pod),
+                            EventKind::Warning,
+                            events::FAILED_SCHEDULING,
+                            message,
+                        )
+                        .await;
+                }
+                self.pod_messages.insert(uid, (reason, message.to_owned()));
             }
             Err(error) => {
-                tracing::warn!(pod = %pod.name_any(), %error, "could not write the pod's Unschedulable condition")
+                tracing::warn!(pod = %pod.name_any(), %error, reason, "could not write the pod's PodScheduled condition")
             }
         }
     }

@@ -1,20 +1,28 @@
 //! Pure translation from Kubernetes objects to the scheduling core's model: pods (labels,
-//! annotations and their migration aliases), pod groups (objects, shorthand, implied by owner),
-//! queues, topology and nodes. No I/O and no clocks: the caller passes `now`.
+//! annotations and their migration aliases, requests, placement constraints, the node
+//! affinity of their volumes), pod groups (objects, shorthand, implied by owner), queues,
+//! topology, nodes (taints, pod limit, extended resources) and namespaces' labels. No I/O and
+//! no clocks: the caller passes `now`.
 //!
 //! The cluster cache stores objects and calls [`snapshot`] once per cycle.
 
+pub mod constraints;
 pub mod group;
 pub mod keys;
 pub mod node;
 pub mod pod;
 pub mod queue;
+pub mod requests;
 pub mod topology;
+pub mod volumes;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{Node as KubeNode, Pod as KubePod};
+use k8s_openapi::api::core::v1::{
+    Namespace, Node as KubeNode, PersistentVolume, PersistentVolumeClaim, Pod as KubePod,
+};
 use k8s_openapi::api::scheduling::v1::PriorityClass;
+use k8s_openapi::api::storage::v1::StorageClass;
 
 use crate::crd::validate::{self, Problem};
 use crate::crd::{PodGroup as PodGroupCrd, Queue as QueueCrd, Topology};
@@ -46,21 +54,22 @@ pub struct Inputs<'a> {
     pub agent_gpus: BTreeMap<String, Vec<Gpu>>,
     /// Per (namespace, group): since when the group has had fewer than minMember running pods.
     pub below_min_member_since: BTreeMap<(String, String), u64>,
-    /// NoSchedule/NoExecute taint keys that do not make a node unschedulable
-    /// (see [`node::DEFAULT_TOLERATED_TAINTS`]).
-    pub tolerated_taints: Vec<String>,
+    /// Namespaces (their labels answer inter-pod terms' namespace selectors).
+    pub namespaces: Vec<&'a Namespace>,
+    /// PersistentVolumeClaims of every namespace.
+    pub claims: Vec<&'a PersistentVolumeClaim>,
+    /// PersistentVolumes.
+    pub volumes: Vec<&'a PersistentVolume>,
+    /// StorageClasses (their binding mode decides whether an unbound claim may wait).
+    pub storage_classes: Vec<&'a StorageClass>,
 }
 
 impl Inputs<'_> {
-    /// Empty inputs at `now` for scheduler `scheduler_name`, tolerating the default GPU taints.
+    /// Empty inputs at `now` for scheduler `scheduler_name`.
     pub fn new(now: u64, scheduler_name: &str) -> Self {
         Inputs {
             now,
             scheduler_name: scheduler_name.to_string(),
-            tolerated_taints: node::DEFAULT_TOLERATED_TAINTS
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
             ..Inputs::default()
         }
     }
@@ -107,10 +116,20 @@ pub fn pod_context(inputs: &Inputs<'_>) -> PodContext {
 /// object has that name, so unlabelled pods schedule on a bare cluster) and the topology.
 pub fn snapshot(inputs: &Inputs<'_>) -> Translated {
     let ctx = pod_context(inputs);
+    let volume_objects =
+        volumes::VolumeObjects::new(&inputs.claims, &inputs.volumes, &inputs.storage_classes);
     let mut pods: Vec<TranslatedPod> = inputs
         .pods
         .iter()
-        .filter_map(|p| pod::translate(p, &ctx))
+        .filter_map(|p| {
+            let mut t = pod::translate(p, &ctx)?;
+            // Volume binding is a scheduling-time check: only pods Tessera is to place.
+            if !t.pod.owned_by_other_scheduler && t.pod.placement.is_none() {
+                t.pod.constraints.volume_node_affinity =
+                    volumes::volume_node_affinity(p, &volume_objects, &mut t.pod.input_errors);
+            }
+            Some(t)
+        })
         .collect();
     pods.sort_by(|a, b| {
         (a.pod.created, &a.pod.namespace, &a.pod.name).cmp(&(
@@ -164,11 +183,7 @@ pub fn snapshot(inputs: &Inputs<'_>) -> Translated {
         .iter()
         .map(|n| {
             let name = n.metadata.name.as_deref().unwrap_or("");
-            node::translate(
-                n,
-                inputs.agent_gpus.get(name).cloned(),
-                &inputs.tolerated_taints,
-            )
+            node::translate(n, inputs.agent_gpus.get(name).cloned())
         })
         .collect();
 
@@ -188,7 +203,16 @@ pub fn snapshot(inputs: &Inputs<'_>) -> Translated {
             groups,
             queues,
             topology: topo.map(topology::levels),
-            namespaces: Default::default(),
+            namespaces: inputs
+                .namespaces
+                .iter()
+                .filter_map(|ns| {
+                    Some((
+                        ns.metadata.name.clone()?,
+                        ns.metadata.labels.clone().unwrap_or_default(),
+                    ))
+                })
+                .collect(),
         },
         queue_problems,
         group_problems,

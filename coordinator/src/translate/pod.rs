@@ -1,6 +1,8 @@
 //! A Kubernetes Pod as the scheduling core sees it: labels, annotations (and their migration
-//! aliases), requests, priority and placement. Malformed user input becomes an
-//! [`InputError`] naming the field and the accepted form; nothing here panics on input.
+//! aliases), requests (summed as kube-scheduler sums them, see [`super::requests`]), placement
+//! constraints (see [`super::constraints`]), priority and placement. Pods being deleted that
+//! are not bound yet are left out, as kube-scheduler skips them. Malformed user input becomes
+//! an [`InputError`] naming the field and the accepted form; nothing here panics on input.
 
 use std::collections::BTreeMap;
 
@@ -12,7 +14,7 @@ use crate::model::{
     Assignment, GpuRequest, GpuShare, InputError, Isolation, Placement, Pod as ModelPod,
 };
 
-use super::keys;
+use super::{constraints, keys, requests};
 
 /// What pod translation needs besides the pod.
 #[derive(Clone, Debug, Default)]
@@ -92,6 +94,10 @@ pub fn translate(pod: &KubePod, ctx: &PodContext) -> Option<TranslatedPod> {
     if !ours && node.is_none() {
         return None;
     }
+    // kube-scheduler skips pods being deleted; unbound, they hold nothing either.
+    if node.is_none() && pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
     let meta = &pod.metadata;
     let name = meta.name.clone().unwrap_or_default();
     let namespace = meta
@@ -136,7 +142,9 @@ pub fn translate(pod: &KubePod, ctx: &PodContext) -> Option<TranslatedPod> {
         },
     };
 
-    let (cpu_milli, memory_mib) = requests(spec, &mut errors);
+    let requested = requests::pod_requests(spec, &mut errors);
+    let cpu_milli = requested.get("cpu").copied().unwrap_or(0);
+    let memory_mib = requests::mib(requested.get("memory").copied().unwrap_or(0));
     let (gpu, gpu_container) = if ours {
         gpu_request(spec.containers.as_slice(), annotations, &mut errors)
     } else {
@@ -240,6 +248,13 @@ pub fn translate(pod: &KubePod, ctx: &PodContext) -> Option<TranslatedPod> {
         }
     });
 
+    let mut constraints = constraints::pod_constraints(pod, spec, &requested, &mut errors);
+    if ours && gpu.count > 0 {
+        constraints
+            .tolerations
+            .extend(constraints::gpu_tolerations());
+    }
+
     let created = meta
         .creation_timestamp
         .as_ref()
@@ -268,7 +283,7 @@ pub fn translate(pod: &KubePod, ctx: &PodContext) -> Option<TranslatedPod> {
         owned_by_other_scheduler: !ours,
         // Other schedulers' pods are never validated: they are only counted.
         input_errors: if ours { errors } else { Vec::new() },
-        constraints: Default::default(),
+        constraints,
     };
     Some(TranslatedPod {
         pod: model,
@@ -353,68 +368,6 @@ fn request_of<'a>(c: &'a Container, resource: &str) -> Option<(&'static str, &'a
         .as_ref()
         .and_then(|m| m.get(resource))
         .map(|q| ("limits", q))
-}
-
-/// CPU (milli-cores) and memory (MiB) requests as the kube-scheduler computes them: the sum over
-/// containers, at least the largest init container's, plus the pod overhead.
-fn requests(
-    spec: &k8s_openapi::api::core::v1::PodSpec,
-    errors: &mut Vec<InputError>,
-) -> (u64, u64) {
-    let mut read = |kind: &str, i: usize, c: &Container| -> [u64; 2] {
-        let mut out = [0u64; 2];
-        for (slot, resource) in ["cpu", "memory"].iter().enumerate() {
-            let Some((which, q)) = request_of(c, resource) else {
-                continue;
-            };
-            let field = format!("spec.{kind}[{i}].resources.{which}.{resource}");
-            let parsed = quantity::parse(&q.0)
-                .map_err(|e| e.to_string())
-                .and_then(|p| {
-                    let v = if slot == 0 {
-                        p.milli(Round::Up)
-                    } else {
-                        p.mib(Round::Up)
-                    };
-                    match v {
-                        Some(v) if v >= 0 => Ok(v as u64),
-                        Some(_) => Err(format!("{:?} is negative; give 0 or more", q.0)),
-                        None => Err(format!("{:?} is too large", q.0)),
-                    }
-                });
-            match parsed {
-                Ok(v) => out[slot] = v,
-                Err(m) => errors.push(err(&field, m)),
-            }
-        }
-        out
-    };
-    let mut sum = [0u64; 2];
-    for (i, c) in spec.containers.iter().enumerate() {
-        let r = read("containers", i, c);
-        sum[0] = sum[0].saturating_add(r[0]);
-        sum[1] = sum[1].saturating_add(r[1]);
-    }
-    for (i, c) in spec.init_containers.iter().flatten().enumerate() {
-        let r = read("initContainers", i, c);
-        sum[0] = sum[0].max(r[0]);
-        sum[1] = sum[1].max(r[1]);
-    }
-    if let Some(overhead) = &spec.overhead {
-        if let Some(p) = overhead.get("cpu").and_then(|q| quantity::parse(&q.0).ok())
-            && let Some(v) = p.milli(Round::Up)
-        {
-            sum[0] = sum[0].saturating_add(v.max(0) as u64);
-        }
-        if let Some(p) = overhead
-            .get("memory")
-            .and_then(|q| quantity::parse(&q.0).ok())
-            && let Some(v) = p.mib(Round::Up)
-        {
-            sum[1] = sum[1].saturating_add(v.max(0) as u64);
-        }
-    }
-    (sum[0], sum[1])
 }
 
 /// Whole-GPU count from `nvidia.com/gpu` and the container that receives them (the first one

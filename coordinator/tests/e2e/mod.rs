@@ -945,6 +945,7 @@ pub struct PodBuilder {
     gpus: u32,
     annotations: BTreeMap<String, String>,
     labels: BTreeMap<String, String>,
+    spec: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A pod `name` for the tessera scheduler with one container and no GPU yet.
@@ -954,6 +955,7 @@ pub fn pod(name: &str) -> PodBuilder {
         gpus: 0,
         annotations: BTreeMap::new(),
         labels: BTreeMap::new(),
+        spec: serde_json::Map::new(),
     }
 }
 
@@ -991,11 +993,25 @@ impl PodBuilder {
         self
     }
 
+    /// Sets a field of the pod's spec as the API spells it (`affinity`, `tolerations`,
+    /// `schedulingGates`, `topologySpreadConstraints`, ...).
+    pub fn spec_field(mut self, key: &str, value: serde_json::Value) -> Self {
+        self.spec.insert(key.into(), value);
+        self
+    }
+
     /// The pod object.
     pub fn build(&self) -> Pod {
         let mut resources = json!({"requests": {"cpu": "100m", "memory": "128Mi"}});
         if self.gpus > 0 {
             resources["limits"] = json!({"nvidia.com/gpu": self.gpus.to_string()});
+        }
+        let mut spec = json!({
+            "schedulerName": SCHEDULER,
+            "containers": [{"name": CONTAINER, "image": "cuda", "resources": resources}],
+        });
+        if let Some(fields) = spec.as_object_mut() {
+            fields.extend(self.spec.clone());
         }
         serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Pod",
@@ -1003,10 +1019,7 @@ impl PodBuilder {
                 "name": self.name, "namespace": NS,
                 "annotations": self.annotations, "labels": self.labels,
             },
-            "spec": {
-                "schedulerName": SCHEDULER,
-                "containers": [{"name": CONTAINER, "image": "cuda", "resources": resources}],
-            },
+            "spec": spec,
         }))
         .expect("a valid pod")
     }
@@ -1041,15 +1054,18 @@ pub fn node_of(pod: &Pod) -> Option<String> {
 
 /// The message of a `PodScheduled=False, reason=Unschedulable` condition.
 pub fn unschedulable_message(pod: &Pod) -> Option<String> {
+    pod_scheduled_false(pod, "Unschedulable")
+}
+
+/// The message of a `PodScheduled=False` condition with `reason`.
+pub fn pod_scheduled_false(pod: &Pod, reason: &str) -> Option<String> {
     pod.status
         .as_ref()?
         .conditions
         .as_ref()?
         .iter()
         .find(|c| {
-            c.type_ == "PodScheduled"
-                && c.status == "False"
-                && c.reason.as_deref() == Some("Unschedulable")
+            c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some(reason)
         })
         .map(|c| c.message.clone().unwrap_or_default())
 }
