@@ -5,14 +5,19 @@
 //! and finally the peak memory (VmHWM).
 //!
 //! Run: `cargo run --release -p tessera-core --example bench_cycle`. Override the size
-//! with `TESSERA_BENCH_NODES` and `TESSERA_BENCH_PODS`.
+//! with `TESSERA_BENCH_NODES` and `TESSERA_BENCH_PODS`. `TESSERA_BENCH_CONSTRAINED=1` gives the
+//! pods kube-scheduler constraints (see [`constrain`]) to show their cost; `=no-spread` leaves
+//! out the topology spread constraints.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
 use tessera_core::cycle::{CycleConfig, Decisions, schedule};
-use tessera_core::model::Snapshot;
 use tessera_core::model::synthetic::{SyntheticSpec, synthetic};
+use tessera_core::model::{
+    InclusionPolicy, LabelSelector, NodeSelector, NodeSelectorTerm, PodAffinityTerm, Requirement,
+    SelectorOp, Snapshot, SpreadConstraint, Taint, TaintEffect, Toleration, TolerationOp,
+};
 
 fn vm_hwm_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -59,6 +64,74 @@ fn report(label: &str, snap: &Snapshot, d: &Decisions, secs: f64) {
     }
 }
 
+fn req(key: &str, op: SelectorOp, values: &[&str]) -> Requirement {
+    Requirement {
+        key: key.into(),
+        operator: op,
+        values: values.iter().map(|v| v.to_string()).collect(),
+    }
+}
+
+/// Constraints on a realistic share of the benchmark: every pod labelled `app` (one of 50) and
+/// tolerating the `dedicated=ml` taint that one node in ten carries; one pod in five with
+/// required node affinity (`zone NotIn [z0]`); one in twenty, outside gangs, with required
+/// anti-affinity to its own app per node; one in twenty spread over zones (`maxSkew` 2, hard).
+fn constrain(snap: &mut Snapshot, spread: bool) {
+    for (i, n) in snap.nodes.iter_mut().enumerate() {
+        if i % 10 == 0 {
+            n.constraints.taints.push(Taint {
+                key: "dedicated".into(),
+                value: "ml".into(),
+                effect: TaintEffect::NoSchedule,
+            });
+        }
+    }
+    for (i, p) in snap.pods.iter_mut().enumerate() {
+        let app = format!("app-{}", i % 50);
+        let c = &mut p.constraints;
+        c.labels.insert("app".into(), app.clone());
+        c.tolerations.push(Toleration {
+            key: "dedicated".into(),
+            operator: TolerationOp::Equal,
+            value: "ml".into(),
+            effect: Some(TaintEffect::NoSchedule),
+        });
+        let own_app = Some(LabelSelector {
+            requirements: vec![req("app", SelectorOp::In, &[&app])],
+        });
+        if i % 5 == 0 {
+            c.node_affinity = Some(NodeSelector {
+                terms: vec![NodeSelectorTerm {
+                    match_expressions: vec![req("zone", SelectorOp::NotIn, &["z0"])],
+                    match_fields: vec![],
+                }],
+            });
+        }
+        if i % 20 == 1 && p.group.is_none() {
+            c.pod_anti_affinity.push(PodAffinityTerm {
+                selector: own_app.clone(),
+                namespaces: Default::default(),
+                topology_key: "kubernetes.io/hostname".into(),
+            });
+        }
+        if spread && i % 20 == 2 {
+            c.spread.push(SpreadConstraint {
+                max_skew: 2,
+                topology_key: "zone".into(),
+                hard: true,
+                selector: own_app,
+                min_domains: None,
+                node_affinity_policy: InclusionPolicy::Honor,
+                node_taints_policy: InclusionPolicy::Ignore,
+            });
+        }
+    }
+    for n in &mut snap.nodes {
+        let name = n.name.clone();
+        n.labels.insert("kubernetes.io/hostname".into(), name);
+    }
+}
+
 fn main() {
     let spec = SyntheticSpec {
         nodes: env_or("TESSERA_BENCH_NODES", 5000),
@@ -67,13 +140,19 @@ fn main() {
     };
     let t = Instant::now();
     let mut snap = synthetic(&spec);
+    let mode = std::env::var("TESSERA_BENCH_CONSTRAINED").unwrap_or_default();
+    let constrained = mode == "1" || mode == "no-spread";
+    if constrained {
+        constrain(&mut snap, mode == "1");
+    }
     println!(
-        "cluster: {} nodes, {} GPUs, {} pending pods, {} groups, {} queues (built in {:.2?})",
+        "cluster: {} nodes, {} GPUs, {} pending pods, {} groups, {} queues{} (built in {:.2?})",
         snap.nodes.len(),
         snap.nodes.iter().map(|n| n.gpus.len()).sum::<usize>(),
         snap.pods.len(),
         snap.groups.len(),
         snap.queues.len(),
+        if constrained { ", constrained" } else { "" },
         t.elapsed()
     );
     let cfg = CycleConfig::default();

@@ -34,8 +34,12 @@ pub fn translate(node: &KubeNode, gpus: Option<Vec<Gpu>>) -> Node {
     };
     let cpu_milli = amount("cpu", |p| p.milli(Round::Down)).unwrap_or(0);
     let memory_mib = amount("memory", |p| p.mib(Round::Down)).unwrap_or(0);
-    let max_pods = amount("pods", |p| p.scaled(1, 1, Round::Down))
-        .map(|v| u32::try_from(v).unwrap_or(u32::MAX));
+    // kube-scheduler reads a missing `pods` allocatable as 0 ("Too many pods"); kubelets
+    // always report it, so only a node that never posted its status takes no pod.
+    let max_pods = Some(
+        amount("pods", |p| p.scaled(1, 1, Round::Down))
+            .map_or(0, |v| u32::try_from(v).unwrap_or(u32::MAX)),
+    );
     let extended = alloc
         .into_iter()
         .flatten()

@@ -364,9 +364,11 @@ impl Engine<'_> {
         }
         let ctx = &self.ctx;
         let st = &self.st;
-        // Counted once per placement attempt, as kube-scheduler's PreFilter does.
-        let prepared =
-            (info.dynamic || info.prefers).then(|| Prepared::new(ctx.snap, p, st, &ctx.anti_pods));
+        // Counted once per placement attempt, as kube-scheduler's PreFilter does, but only
+        // when some node fits the GPUs: counting is O(nodes + placed pods), and in a full
+        // cluster most attempts (victim searches above all) fail on GPUs everywhere.
+        let needs_prepared = info.dynamic || info.prefers;
+        let mut prepared: Option<Prepared> = None;
         let k_max = ctx.cfg.nodes_to_score.max(1);
         let v_max = ctx.cfg.max_nodes_visited.max(1);
         let mut best: Option<((i64, NodeScore), u32, u32, GpuChoice)> = None;
@@ -379,14 +381,21 @@ impl Engine<'_> {
                 return true;
             }
             visited += 1;
-            if let Ok(c) = place_on_node(&st.nodes[n as usize], &d, &ctx.mix, &ctx.cfg.weights)
-                && prepared
-                    .as_ref()
-                    .is_none_or(|pr| !info.dynamic || pr.misfit(n, st).is_none())
-            {
+            let Ok(c) = place_on_node(&st.nodes[n as usize], &d, &ctx.mix, &ctx.cfg.weights) else {
+                return scored < k_max && visited < v_max;
+            };
+            let pr = if needs_prepared {
+                Some(
+                    &*prepared
+                        .get_or_insert_with(|| Prepared::new(ctx.snap, p, st, &ctx.anti_pods)),
+                )
+            } else {
+                None
+            };
+            if pr.is_none_or(|pr| !info.dynamic || pr.misfit(n, st).is_none()) {
                 scored += 1;
                 let r = st.index.rank(n);
-                let key = (prepared.as_ref().map_or(0, |pr| pr.preference(n)), c.score);
+                let key = (pr.map_or(0, |pr| pr.preference(n)), c.score);
                 let better = match &best {
                     None => true,
                     Some((bk, br, _, _)) => key > *bk || (key == *bk && r < *br),

@@ -34,19 +34,21 @@ impl Engine<'_> {
     fn node_counts(&self, p: u32) -> Vec<(NodeReason, u32)> {
         let info = &self.ctx.pods[p as usize];
         let d = info.demand;
-        let prepared = info
-            .dynamic
-            .then(|| Prepared::new(self.ctx.snap, p, &self.st, &self.ctx.anti_pods));
+        // Built on the first node that fits the GPUs (see `best_node`).
+        let mut prepared: Option<Prepared> = None;
         let mut counts: BTreeMap<NodeReason, u32> = BTreeMap::new();
         for n in 0..self.st.nodes.len() as u32 {
             let r = match self.ctx.static_misfit(p, n) {
                 Some(r) => r,
                 None => match check_fit(&self.st.nodes[n as usize], &d) {
                     Err(m) => node_reason(m),
-                    Ok(()) => prepared
-                        .as_ref()
-                        .and_then(|pr| pr.misfit(n, &self.st))
+                    Ok(()) if info.dynamic => prepared
+                        .get_or_insert_with(|| {
+                            Prepared::new(self.ctx.snap, p, &self.st, &self.ctx.anti_pods)
+                        })
+                        .misfit(n, &self.st)
                         .unwrap_or(NodeReason::Fits),
+                    Ok(()) => NodeReason::Fits,
                 },
             };
             *counts.entry(r).or_insert(0) += 1;

@@ -239,6 +239,7 @@ pub fn filter_nodes(snap: &Snapshot, pod: usize) -> Vec<Option<NodeReason>> {
         .map(|n| {
             let node = &snap.nodes[n as usize];
             static_misfit(p, node)
+                .or_else(|| resources_misfit(snap, p, node, occ.pods_on(n)))
                 .or_else(|| cpu_memory_misfit(snap, p, node, occ.pods_on(n)))
                 .or_else(|| prepared.misfit(n, &occ))
         })

@@ -25,6 +25,7 @@ import (
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
 
 	"github.com/tessera-gpu/tessera/hack/k8s/internal/cluster"
+	"github.com/tessera-gpu/tessera/hack/k8s/internal/filters"
 	"github.com/tessera-gpu/tessera/hack/k8s/internal/kubelet"
 	"github.com/tessera-gpu/tessera/hack/k8s/internal/promlint"
 )
@@ -96,7 +97,7 @@ func root() *cobra.Command {
 		Short:        "Real Kubernetes components as test peers (also: kube-peer kube-scheduler|kube-controller-manager|helm ARGS)",
 		SilenceUsage: true,
 	}
-	r.AddCommand(clusterCmd(), nodeCmd(), fleetCmd(), promlintCmd())
+	r.AddCommand(clusterCmd(), nodeCmd(), fleetCmd(), promlintCmd(), filtersCmd())
 	return r
 }
 
@@ -318,6 +319,25 @@ func promlintCmd() *cobra.Command {
 				return fmt.Errorf("%d problem(s)", len(problems))
 			}
 			return nil
+		},
+	}
+}
+
+func filtersCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "filters",
+		Short: "Oracle of kube-scheduler's filter plugins: JSON Lines cases on stdin, each node's failing plugins on stdout",
+		Long: `Reads one case per line on stdin:
+  {"id": N, "nodes": [Node...], "pods": [bound Pod...], "namespaces": [...], "pvs": [...],
+   "pvcs": [...], "storageClasses": [...], "pod": Pod}
+and writes one line per case, in order:
+  {"id": N, "nodes": {"NODE": [{"plugin": "TaintToleration", "reasons": ["..."]}, ...]}}
+running the PreFilter and Filter of ` + strings.Join(filters.Compared, ", ") + `
+on every node without stopping at the first rejection. A case that cannot be answered gets
+{"id": N or null, "error": "..."}.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return filters.Serve(cmd.Context(), os.Stdin, os.Stdout)
 		},
 	}
 }
