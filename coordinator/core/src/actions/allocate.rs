@@ -385,10 +385,9 @@ impl Engine<'_> {
                 return scored < k_max && visited < v_max;
             };
             let pr = if needs_prepared {
-                Some(
-                    &*prepared
-                        .get_or_insert_with(|| Prepared::new(ctx.snap, p, st, &ctx.anti_pods)),
-                )
+                Some(&*prepared.get_or_insert_with(|| {
+                    Prepared::new(ctx.snap, p, st, &ctx.anti_pods, &ctx.spread_cache)
+                }))
             } else {
                 None
             };

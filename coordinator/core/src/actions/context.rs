@@ -93,6 +93,8 @@ pub struct Ctx<'a> {
     pub capacity: Resources,
     /// Pods with required anti-affinity terms (they restrict where every matching pod goes).
     pub anti_pods: Vec<u32>,
+    /// Spread facts that placements do not change, filled on first use.
+    pub spread_cache: crate::constraints::spread::SpreadCache,
     /// Some node has a PreferNoSchedule taint (then every pod ranks nodes by it).
     pub soft_taints: bool,
 }
@@ -187,6 +189,7 @@ impl<'a> Ctx<'a> {
                         .is_empty()
                 })
                 .collect(),
+            spread_cache: Default::default(),
             soft_taints: snap.nodes.iter().any(|n| {
                 n.constraints
                     .taints

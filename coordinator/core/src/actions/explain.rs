@@ -44,7 +44,13 @@ impl Engine<'_> {
                     Err(m) => node_reason(m),
                     Ok(()) if info.dynamic => prepared
                         .get_or_insert_with(|| {
-                            Prepared::new(self.ctx.snap, p, &self.st, &self.ctx.anti_pods)
+                            Prepared::new(
+                                self.ctx.snap,
+                                p,
+                                &self.st,
+                                &self.ctx.anti_pods,
+                                &self.ctx.spread_cache,
+                            )
                         })
                         .misfit(n, &self.st)
                         .unwrap_or(NodeReason::Fits),

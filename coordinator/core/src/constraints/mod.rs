@@ -126,13 +126,19 @@ pub struct Prepared<'a> {
 
 impl<'a> Prepared<'a> {
     /// Counts what pod `p` needs; `anti_pods` lists the snapshot's pods with required
-    /// anti-affinity terms.
-    pub fn new(snap: &'a Snapshot, p: u32, occ: &impl Occupancy, anti_pods: &[u32]) -> Self {
+    /// anti-affinity terms; `spread_cache` is the cycle's (see [`spread::SpreadCache`]).
+    pub fn new(
+        snap: &'a Snapshot,
+        p: u32,
+        occ: &impl Occupancy,
+        anti_pods: &[u32],
+        spread_cache: &spread::SpreadCache,
+    ) -> Self {
         Prepared {
             snap,
             pod: &snap.pods[p as usize],
             inter: affinity::InterPod::build(snap, p, occ, anti_pods),
-            spread: spread::Spread::build(snap, p, occ),
+            spread: spread::Spread::build(snap, p, occ, spread_cache),
             preferred: affinity::Preferred::build(snap, p, occ),
         }
     }
@@ -234,7 +240,13 @@ pub fn filter_nodes(snap: &Snapshot, pod: usize) -> Vec<Option<NodeReason>> {
         })
         .collect();
     let p = &snap.pods[pod];
-    let prepared = Prepared::new(snap, pod as u32, &occ, &anti_pods);
+    let prepared = Prepared::new(
+        snap,
+        pod as u32,
+        &occ,
+        &anti_pods,
+        &spread::SpreadCache::default(),
+    );
     (0..snap.nodes.len() as u32)
         .map(|n| {
             let node = &snap.nodes[n as usize];
