@@ -1,6 +1,7 @@
 //! Leader election against a real kube-apiserver (hack/k8s): one leader among
 //! two candidates, takeover after the leader dies (lease expiry) and after it steps down
-//! (release), and never two leaders at once.
+//! (release), never two leaders at once, and expiry judged on the local clock since the
+//! Lease last changed, whatever the holder's clock says.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -192,6 +193,64 @@ async fn racing_candidates_elect_exactly_one() {
     assert_eq!(holder(&client, "race").await.0.as_deref(), Some(expected));
     monitor.assert_never_two();
     a.release().await;
+    b.release().await;
+    drop(server);
+}
+
+#[tokio::test]
+async fn a_holder_with_a_skewed_clock_keeps_its_lease_while_it_renews() {
+    let (server, client) = api_server().await;
+    let api: Api<Lease> = Api::namespaced(client.clone(), "tessera-system");
+    // Another replica, whose wall clock is an hour behind, holds the Lease and renews it
+    // every 250 ms. Read against the local wall clock its renewTime is always an hour old.
+    let skewed = || {
+        let at = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(1);
+        serde_json::json!({
+            "metadata": {"name": "skew", "namespace": "tessera-system"},
+            "spec": {"holderIdentity": "replica-skewed", "leaseDurationSeconds": 2,
+                     "renewTime": at.to_string(), "acquireTime": at.to_string(),
+                     "leaseTransitions": 0},
+        })
+    };
+    let first: Lease = serde_json::from_value(skewed()).unwrap();
+    api.create(&PostParams::default(), &first).await.unwrap();
+    let renewing = Arc::new(AtomicBool::new(true));
+    let renewer = {
+        let (api, renewing) = (api.clone(), Arc::clone(&renewing));
+        tokio::spawn(async move {
+            while renewing.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                let mut next: Lease = serde_json::from_value(skewed()).unwrap();
+                let current = api.get("skew").await.unwrap();
+                next.metadata.resource_version = current.metadata.resource_version;
+                // The renewal changes the record, as a real holder's renewTime would.
+                next.spec.as_mut().unwrap().renew_time =
+                    current.spec.and_then(|s| s.renew_time).map(|t| {
+                        k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                            t.0 + jiff::SignedDuration::from_millis(250),
+                        )
+                    });
+                let _ = api.replace("skew", &PostParams::default(), &next).await;
+            }
+        })
+    };
+    let b = LeaderElector::start(client.clone(), "replica-b", lease("skew", 2)).unwrap();
+    let mut b_leader = b.is_leader();
+    let stayed = tokio::time::timeout(Duration::from_secs(5), b_leader.wait_for(|l| *l))
+        .await
+        .is_err();
+    assert!(
+        stayed,
+        "a standby took a Lease that was being renewed, because the holder's clock is behind"
+    );
+    // The holder stops renewing: two seconds after the record last changed, it is expired.
+    renewing.store(false, Ordering::SeqCst);
+    renewer.await.unwrap();
+    wait_leader(&mut b_leader, "replica-b").await;
+    assert_eq!(
+        holder(&client, "skew").await.0.as_deref(),
+        Some("replica-b")
+    );
     b.release().await;
     drop(server);
 }

@@ -1,8 +1,12 @@
 //! Leader election on a `coordination.k8s.io/v1` Lease.
 //!
 //! One replica holds the Lease and renews it every `renew_every`; the others poll it and
-//! take it over once it has expired (`renewTime + leaseDurationSeconds < now`) or was
-//! released (empty `holderIdentity`). Every write carries the resourceVersion it was based
+//! take it over once it has expired or was released (empty `holderIdentity`). Expiry is
+//! judged as client-go judges it, on this replica's monotonic clock: the Lease has expired
+//! when its record has not changed for `leaseDurationSeconds` since this replica last saw it
+//! change. The holder's `renewTime` is never compared with the local wall clock, so clock
+//! skew between replicas (or a wall clock that jumps) cannot hand the Lease to a second
+//! leader. Every write carries the resourceVersion it was based
 //! on, so two candidates racing for an expired Lease cannot both win: the API server
 //! answers the loser with 409 Conflict. A leader that cannot renew steps down after
 //! two thirds of the lease duration, before anyone else may consider the Lease expired,
@@ -148,6 +152,7 @@ impl LeaderElector {
             config: config.clone(),
             api: api.clone(),
             leader: Arc::clone(&leader),
+            observed: parking_lot::Mutex::new(None),
         };
         let task = tokio::spawn(candidate.run(stop_rx));
         Ok(Self {
@@ -185,6 +190,7 @@ impl LeaderElector {
             config: self.config,
             api: self.api,
             leader: self.leader,
+            observed: parking_lot::Mutex::new(None),
         };
         match tokio::time::timeout(candidate.config.renew_deadline(), candidate.release()).await {
             Ok(Ok(true)) => tracing::info!(identity = %candidate.identity, "leader lease released"),
@@ -208,6 +214,8 @@ struct Candidate {
     config: LeaseConfig,
     api: Api<Lease>,
     leader: Arc<watch::Sender<bool>>,
+    /// The Lease record last seen and when (local monotonic clock) it was first seen so.
+    observed: parking_lot::Mutex<Option<(LeaseSpec, Instant)>>,
 }
 
 impl Candidate {
@@ -306,7 +314,7 @@ impl Candidate {
         let spec = current.spec.clone().unwrap_or_default();
         let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
         let mine = holder.as_deref() == Some(self.identity.as_str());
-        if !mine && holder.is_some() && !self.expired(&spec, now) {
+        if !mine && holder.is_some() && !self.expired(&spec, Instant::now()) {
             return Ok(Round::Following);
         }
         let mut next = current;
@@ -332,19 +340,22 @@ impl Candidate {
         }
     }
 
-    fn expired(&self, spec: &LeaseSpec, now: jiff::Timestamp) -> bool {
-        let Some(MicroTime(renewed)) = spec.renew_time else {
-            return true;
-        };
+    /// Whether the Lease `spec` has gone unchanged for its duration, as seen from here: a
+    /// record seen for the first time (or changed since last seen) starts the clock again.
+    fn expired(&self, spec: &LeaseSpec, now: Instant) -> bool {
         let secs = spec
             .lease_duration_seconds
             .unwrap_or_else(|| self.config.duration_secs());
-        let valid_for = jiff::SignedDuration::from_secs(i64::from(secs.max(0)));
-        match renewed.checked_add(valid_for) {
-            Ok(until) => until < now,
-            // Beyond the representable range: treat as never renewed.
-            Err(_) => true,
-        }
+        let valid_for = Duration::from_secs(u64::try_from(secs).unwrap_or(0));
+        let mut observed = self.observed.lock();
+        let since = match observed.as_ref() {
+            Some((seen, at)) if seen == spec => *at,
+            _ => {
+                *observed = Some((spec.clone(), now));
+                now
+            }
+        };
+        now >= since + valid_for
     }
 
     /// Clears `holderIdentity` if we still hold the Lease; true when released.
