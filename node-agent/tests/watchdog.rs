@@ -456,7 +456,16 @@ async fn kube_events_land_on_the_pod_with_this_node_as_source() {
     let api: Api<Event> = Api::namespaced(client, "default");
     let deadline = Instant::now() + EVENTUALLY;
     let event = loop {
-        if let Some(e) = api.list(&ListParams::default()).await.unwrap().items.pop() {
+        // The API server writes Events of its own in `default` (its Service IP repair loop's
+        // ClusterIPNotAllocated, for one): only the pod's count.
+        let ours = api
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .find(|e| e.involved_object.name.as_deref() == Some("trainer"));
+        if let Some(e) = ours {
             break e;
         }
         assert!(Instant::now() < deadline, "no Event was written");
