@@ -713,7 +713,7 @@ fn env_or(name: &str, default: u64) -> u64 {
 #[test]
 fn node_filters_agree_with_kube_scheduler_plugins() {
     let seed = env_or("TESSERA_DIFF_SEED", 14);
-    let count = env_or("TESSERA_DIFF_CASES", 5_000) as usize;
+    let count = env_or("TESSERA_DIFF_CASES", 10_000) as usize;
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let cases: Vec<Value> = (0..count).map(|i| gen_case(&mut rng, i)).collect();
     let mut oracle = Oracle::start();
