@@ -393,9 +393,15 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async move {
-        let client = kube::Client::try_default()
+        let mut kube_config = kube::Config::infer()
             .await
             .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+        // Every write path judges a 429 itself (a disruption budget's refusal is an answer,
+        // API priority and fairness asks for a retry) and every loop retries on its next round;
+        // the client's own retries would hold a budget-refused eviction for minutes.
+        kube_config.default_retry = false;
+        let client = kube::Client::try_from(kube_config)
+            .context("building the Kubernetes client (in-cluster config or KUBECONFIG)")?;
         let authenticator = match args.agent_auth {
             AgentAuth::Tokenreview => Authenticator::token_review(client.clone(), agent_users),
             AgentAuth::None => {

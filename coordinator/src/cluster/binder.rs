@@ -60,6 +60,10 @@ pub struct UnitOutcome {
     pub failed: Option<(String, String)>,
     /// UIDs bound during this unit and evicted again because another member failed.
     pub rolled_back: Vec<String>,
+    /// UIDs bound during this unit whose rollback eviction the API server kept throttling
+    /// (429 without a disruption-budget cause): still bound, not in `rolled_back`, to be
+    /// evicted again later.
+    pub rollback_throttled: Vec<String>,
 }
 
 /// How an eviction ended.
@@ -69,7 +73,61 @@ pub enum EvictOutcome {
     Evicted,
     /// The pod was already gone (or replaced by another pod of the same name).
     Gone,
+    /// The API server answered 429 without a disruption-budget cause (API Priority and
+    /// Fairness throttling): nothing happened to the pod, and the call must be made again
+    /// later, after `retry_after_seconds` when the server suggested a delay (0 when not).
+    Throttled {
+        /// The server's suggested delay (`details.retryAfterSeconds`).
+        retry_after_seconds: u32,
+    },
 }
+
+/// Why the API server refused an eviction with 429 Too Many Requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EvictionRefusal {
+    /// A PodDisruptionBudget does not allow the disruption: the eviction REST handler adds a
+    /// `details.causes` entry with reason `DisruptionBudget` (policy/v1 `DisruptionBudgetCause`)
+    /// to every such answer, including "the budget is still being processed".
+    DisruptionBudget,
+    /// Any other 429, in practice API Priority and Fairness throttling the request before it
+    /// reached the eviction handler. Says nothing about the pod; the call is to be retried.
+    Throttled {
+        /// The server's suggested delay (`details.retryAfterSeconds`), 0 when absent.
+        retry_after_seconds: u32,
+    },
+}
+
+impl EvictionRefusal {
+    /// Classifies an API error; `None` when it is not a 429.
+    pub fn of(error: &kube::Error) -> Option<Self> {
+        match error {
+            kube::Error::Api(status) => Self::of_status(status),
+            _ => None,
+        }
+    }
+
+    /// Classifies a Status answer; `None` when it is not a 429.
+    pub fn of_status(status: &kube::core::Status) -> Option<Self> {
+        if status.code != 429 {
+            return None;
+        }
+        let details = status.details.as_ref();
+        if details.is_some_and(|d| d.causes.iter().any(|c| c.reason == DISRUPTION_BUDGET_CAUSE)) {
+            return Some(Self::DisruptionBudget);
+        }
+        Some(Self::Throttled {
+            retry_after_seconds: details.map_or(0, |d| d.retry_after_seconds),
+        })
+    }
+}
+
+/// `policy/v1.DisruptionBudgetCause`, the cause the eviction handler puts on a budget refusal.
+const DISRUPTION_BUDGET_CAUSE: &str = "DisruptionBudget";
+
+/// How often a gang rollback retries a throttled eviction before leaving the member to the
+/// next cycle (the stale-gang eviction), and the longest it waits between two tries.
+const ROLLBACK_TRIES: usize = 3;
+const ROLLBACK_MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Writes bindings and evictions.
 #[derive(Clone)]
@@ -153,10 +211,17 @@ impl Binder {
                     uid: t.uid.clone(),
                 };
                 // A refused eviction (disruption budget) must not leave a partial gang.
-                if let Err(e) = self.evict_or_delete(&target, &reason).await {
-                    tracing::warn!(pod = %t.name, error = %e, "could not roll back a gang member");
+                match self.roll_back(&target, &reason).await {
+                    Ok(EvictOutcome::Throttled { .. }) => {
+                        tracing::warn!(pod = %t.name, "the API server kept throttling the rollback of a gang member; it is evicted later");
+                        outcome.rollback_throttled.push(uid);
+                    }
+                    Ok(_) => outcome.rolled_back.push(uid),
+                    Err(e) => {
+                        tracing::warn!(pod = %t.name, error = %e, "could not roll back a gang member");
+                        outcome.rolled_back.push(uid);
+                    }
                 }
-                outcome.rolled_back.push(uid);
             }
         }
         for t in unit.iter().filter(|t| outcome.bound.contains(&t.uid)) {
@@ -276,17 +341,55 @@ impl Binder {
         self.settle(t, reason, result.map(drop)).await
     }
 
-    /// Evicts; when the eviction is refused (a disruption budget answers 429), deletes.
-    async fn evict_or_delete(
+    /// [`Binder::evict_or_delete`], tried again a few times while the API server throttles it.
+    async fn roll_back(&self, t: &EvictTarget, reason: &str) -> Result<EvictOutcome, kube::Error> {
+        let mut tries = 1;
+        loop {
+            let outcome = self.evict_or_delete(t, reason).await;
+            let Ok(EvictOutcome::Throttled {
+                retry_after_seconds,
+            }) = outcome
+            else {
+                return outcome;
+            };
+            if tries >= ROLLBACK_TRIES {
+                return outcome;
+            }
+            tries += 1;
+            let wait = std::time::Duration::from_secs(retry_after_seconds.into())
+                .clamp(std::time::Duration::from_millis(200), ROLLBACK_MAX_WAIT);
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// Evicts; when a disruption budget refuses the eviction, deletes the pod. A 429 that is
+    /// not a budget refusal (API Priority and Fairness throttling) deletes nothing and comes
+    /// back as [`EvictOutcome::Throttled`]: the caller tries again later.
+    ///
+    /// Deleting past a budget is deliberate and only used to roll back a gang member bound
+    /// moments ago in the same unit: a budget protects a running workload's availability, and
+    /// this member is part of a gang that cannot run whole, so it does no useful work and
+    /// holds GPUs the rest of its gang (and others) wait for. Leaving it would be a partial
+    /// gang, the state the two-pass bind exists to prevent. (Pods still Pending are never
+    /// guarded by a budget; the server evicts them without one.)
+    pub async fn evict_or_delete(
         &self,
         t: &EvictTarget,
         reason: &str,
     ) -> Result<EvictOutcome, kube::Error> {
         match self.evict(t, reason).await {
-            Err(kube::Error::Api(s)) if s.code == 429 => {
-                let result = self.pods(&t.namespace).delete(&t.name, &same_pod(t)).await;
-                self.settle(t, reason, result.map(drop)).await
-            }
+            Err(e) => match EvictionRefusal::of(&e) {
+                Some(EvictionRefusal::DisruptionBudget) => {
+                    let result = self.pods(&t.namespace).delete(&t.name, &same_pod(t)).await;
+                    self.settle(t, reason, result.map(drop)).await
+                }
+                Some(EvictionRefusal::Throttled {
+                    retry_after_seconds,
+                }) => Ok(EvictOutcome::Throttled {
+                    retry_after_seconds,
+                }),
+                None => Err(e),
+            },
             other => other,
         }
     }
@@ -331,4 +434,79 @@ fn same_pod(t: &EvictTarget) -> DeleteParams {
 
 fn pod_object(namespace: &str, name: &str, uid: &str) -> ObjectReference {
     events::pod_ref(namespace, name, uid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::Status;
+    use kube::core::response::{StatusCause, StatusDetails};
+
+    fn too_many(causes: Vec<StatusCause>, retry_after_seconds: u32) -> Status {
+        Status::failure(
+            "Too many requests, please try again later.",
+            "TooManyRequests",
+        )
+        .with_code(429)
+        .with_details(StatusDetails {
+            name: String::new(),
+            group: String::new(),
+            kind: String::new(),
+            uid: String::new(),
+            causes,
+            retry_after_seconds,
+        })
+    }
+
+    #[test]
+    fn a_429_without_a_budget_cause_is_throttling() {
+        // What API Priority and Fairness answers: no causes, a retry-after.
+        let apf = too_many(Vec::new(), 1);
+        assert_eq!(
+            EvictionRefusal::of(&kube::Error::Api(apf.boxed())),
+            Some(EvictionRefusal::Throttled {
+                retry_after_seconds: 1
+            })
+        );
+        // No details at all.
+        let bare = Status::failure("slow down", "TooManyRequests").with_code(429);
+        assert_eq!(
+            EvictionRefusal::of_status(&bare),
+            Some(EvictionRefusal::Throttled {
+                retry_after_seconds: 0
+            })
+        );
+        // A cause, but another one.
+        let other = too_many(
+            vec![StatusCause {
+                reason: "FieldValueInvalid".into(),
+                message: "x".into(),
+                field: String::new(),
+            }],
+            0,
+        );
+        assert!(matches!(
+            EvictionRefusal::of_status(&other),
+            Some(EvictionRefusal::Throttled { .. })
+        ));
+    }
+
+    #[test]
+    fn a_429_with_the_budget_cause_is_a_budget_refusal() {
+        let pdb = too_many(
+            vec![StatusCause {
+                reason: DISRUPTION_BUDGET_CAUSE.into(),
+                message: "The disruption budget b needs 1 healthy pods and has 1 currently".into(),
+                field: String::new(),
+            }],
+            0,
+        );
+        assert_eq!(
+            EvictionRefusal::of_status(&pdb),
+            Some(EvictionRefusal::DisruptionBudget)
+        );
+        // The same cause on another code is no 429 refusal.
+        let forbidden = Status { code: 403, ..pdb };
+        assert_eq!(EvictionRefusal::of_status(&forbidden), None);
+    }
 }

@@ -3,10 +3,21 @@
 //! Written as core/v1 Events (what `kubectl describe` shows) rather than through kube-runtime's
 //! `Recorder`, because the recorder folds events that differ only in their message into one
 //! series and keeps the first message: a changed reason must show up with its own text.
+//!
+//! Identical events (same object, type, reason and message) aggregate the way client-go's
+//! recorder does: the first is created, each repeat raises the existing Event's `count` and
+//! `lastTimestamp`, so a pod pending for an hour has one `FailedScheduling` Event rather than
+//! one per scheduling cycle. The writer remembers the Events it wrote in a small bounded map
+//! shared by its clones; an Event gone from the server (expired by its TTL) is created again.
+
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use parking_lot::Mutex;
+use serde_json::json;
 
 /// Event reason when a pod is bound.
 pub const SCHEDULED: &str = "Scheduled";
@@ -28,12 +39,31 @@ pub enum EventKind {
     Warning,
 }
 
+/// The longest Event name the API server accepts (a DNS subdomain).
+const MAX_NAME: usize = 253;
+/// How many distinct events the writer remembers for aggregation.
+const MAX_REMEMBERED: usize = 4096;
+
+/// What makes two events the same: the object (its UID, or namespace/kind/name without
+/// one), the type, the reason and the message.
+type EventKey = (String, &'static str, String, String);
+
+/// An Event the writer created, to be counted up on a repeat.
+#[derive(Clone, Debug)]
+struct Written {
+    name: String,
+    count: i32,
+    first: jiff::Timestamp,
+    last: jiff::Timestamp,
+}
+
 /// Writes Events naming this scheduler as their source.
 #[derive(Clone)]
 pub struct EventWriter {
     client: kube::Client,
     component: String,
     instance: String,
+    written: Arc<Mutex<HashMap<EventKey, Written>>>,
 }
 
 impl EventWriter {
@@ -43,6 +73,7 @@ impl EventWriter {
             client,
             component: component.to_owned(),
             instance: instance.to_owned(),
+            written: Arc::default(),
         }
     }
 
@@ -61,30 +92,68 @@ impl EventWriter {
             .filter(|ns| !ns.is_empty())
             .unwrap_or_else(|| "default".to_owned());
         let now = jiff::Timestamp::now();
-        let name = format!(
-            "{}.{:x}",
+        let type_ = match kind {
+            EventKind::Normal => "Normal",
+            EventKind::Warning => "Warning",
+        };
+        // The API server caps messages at 1 kB.
+        let message = truncate(message, 1024);
+        let object_key = match object.uid.as_deref().filter(|u| !u.is_empty()) {
+            Some(uid) => uid.to_owned(),
+            None => format!(
+                "{namespace}/{}/{}",
+                object.kind.as_deref().unwrap_or_default(),
+                object.name.as_deref().unwrap_or_default()
+            ),
+        };
+        let key: EventKey = (object_key, type_, reason.to_owned(), message.clone());
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
+
+        let previous = self.written.lock().get(&key).cloned();
+        if let Some(prev) = &previous {
+            let count = prev.count.saturating_add(1);
+            let patch = json!({"count": count, "lastTimestamp": Time(now)});
+            match api
+                .patch(&prev.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {
+                    self.remember(
+                        key,
+                        Written {
+                            count,
+                            last: now,
+                            ..prev.clone()
+                        },
+                    );
+                    return;
+                }
+                // Expired (or deleted): written again below, under a new name.
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(error) => {
+                    tracing::warn!(%error, reason, object = ?object.name, "could not update an event");
+                    return;
+                }
+            }
+        }
+        // Counted on from the Event that expired, as client-go does.
+        let (count, first) = previous.map_or((1, now), |p| (p.count.saturating_add(1), p.first));
+        let name = event_name(
             object.name.as_deref().unwrap_or(&self.component),
-            now.as_nanosecond()
+            now.as_nanosecond(),
         );
         let event = Event {
             metadata: ObjectMeta {
-                name: Some(name),
+                name: Some(name.clone()),
                 namespace: Some(namespace.clone()),
                 ..ObjectMeta::default()
             },
             involved_object: object.clone(),
             reason: Some(reason.to_owned()),
-            // The API server caps messages at 1 kB.
-            message: Some(truncate(message, 1024)),
-            type_: Some(
-                match kind {
-                    EventKind::Normal => "Normal",
-                    EventKind::Warning => "Warning",
-                }
-                .to_owned(),
-            ),
-            count: Some(1),
-            first_timestamp: Some(Time(now)),
+            message: Some(message),
+            type_: Some(type_.to_owned()),
+            count: Some(count),
+            first_timestamp: Some(Time(first)),
             last_timestamp: Some(Time(now)),
             event_time: Some(MicroTime(now)),
             source: Some(EventSource {
@@ -96,11 +165,67 @@ impl EventWriter {
             action: Some(reason.to_owned()),
             ..Event::default()
         };
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
-        if let Err(error) = api.create(&PostParams::default(), &event).await {
-            tracing::warn!(%error, reason, object = ?object.name, "could not write an event");
+        match api.create(&PostParams::default(), &event).await {
+            Ok(_) => self.remember(
+                key,
+                Written {
+                    name,
+                    count,
+                    first,
+                    last: now,
+                },
+            ),
+            Err(error) => {
+                tracing::warn!(%error, reason, object = ?object.name, "could not write an event");
+            }
         }
     }
+
+    /// Remembers a written Event; when the map is full, forgets the one updated longest ago.
+    fn remember(&self, key: EventKey, written: Written) {
+        let mut map = self.written.lock();
+        if map.len() >= MAX_REMEMBERED && !map.contains_key(&key) {
+            let oldest = map
+                .iter()
+                .min_by_key(|(_, w)| w.last)
+                .map(|(k, _)| k.clone());
+            if let Some(oldest) = oldest {
+                map.remove(&oldest);
+            }
+        }
+        map.insert(key, written);
+    }
+}
+
+/// A valid Event name for an event about `object_name` at `nanos`: `<object>.<hex nanos>`, as
+/// client-go names them, with the object part made a DNS subdomain and cut so the whole name
+/// stays within 253 characters whatever the object's name.
+fn event_name(object_name: &str, nanos: i128) -> String {
+    let suffix = format!("{:x}", nanos.max(0));
+    let budget = MAX_NAME - 1 - suffix.len();
+    let lowered: String = object_name
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9' | '-' | '.') => c,
+            _ => '-',
+        })
+        .collect();
+    // Every dot-separated label must start and end with an alphanumeric character.
+    let mut prefix = lowered
+        .split('.')
+        .map(|l| l.trim_matches('-'))
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(".");
+    if prefix.len() > budget {
+        prefix.truncate(budget);
+        let keep = prefix.trim_end_matches(['-', '.']).len();
+        prefix.truncate(keep);
+    }
+    if prefix.is_empty() {
+        prefix = "event".to_owned();
+    }
+    format!("{prefix}.{suffix}")
 }
 
 /// At most `max` bytes of `text`, cut at a character boundary.
@@ -135,5 +260,35 @@ mod tests {
     fn truncates_at_char_boundary() {
         assert_eq!(truncate("abc", 10), "abc");
         assert_eq!(truncate("aé", 2), "a");
+    }
+
+    fn is_dns_subdomain(name: &str) -> bool {
+        name.len() <= 253
+            && name.split('.').all(|l| {
+                !l.is_empty()
+                    && l.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            })
+    }
+
+    #[test]
+    fn event_names_are_dns_subdomains_of_bounded_length() {
+        let nanos = 1_764_870_000_123_456_789;
+        assert_eq!(event_name("p", nanos), format!("p.{nanos:x}"));
+        for name in [
+            "a".repeat(253),
+            format!("{}-{}", "a".repeat(235), "b".repeat(17)),
+            format!("{}.{}", "a".repeat(235), "b".repeat(17)),
+            "Gang_Of.Four-".to_owned(),
+            "--.--".to_owned(),
+            String::new(),
+        ] {
+            let event = event_name(&name, nanos);
+            assert!(is_dns_subdomain(&event), "{event:?} from {name:?}");
+            assert!(event.ends_with(&format!(".{nanos:x}")), "{event}");
+        }
+        assert_eq!(event_name("--.--", nanos), format!("event.{nanos:x}"));
     }
 }
