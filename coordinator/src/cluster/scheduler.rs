@@ -566,6 +566,13 @@ impl Scheduler {
                 self.metrics.add_evictions("gang-bind-failed", 1);
             }
             let done: BTreeSet<String> = outcome.rolled_back.iter().cloned().collect();
+            // Members whose rollback the API server kept throttling are still bound, though
+            // neither this replica's state nor (yet) the store says so: fail_unit evicts them.
+            for uid in &outcome.rollback_throttled {
+                if let Some(d) = self.state.decided.get_mut(uid) {
+                    d.state = DecidedState::Bound;
+                }
+            }
             self.fail_unit(store, unit, error, &done).await;
         } else if let Some(members) = self.state.units.get(unit)
             && !members.iter().any(|m| {
