@@ -255,6 +255,68 @@ async fn a_holder_with_a_skewed_clock_keeps_its_lease_while_it_renews() {
     drop(server);
 }
 
+/// Log lines written while a test runs, for asserting what an operator would read.
+#[derive(Clone, Default)]
+struct Logs(Arc<parking_lot::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
+    type Writer = Logs;
+    fn make_writer(&'a self) -> Logs {
+        self.clone()
+    }
+}
+
+#[tokio::test]
+async fn a_missing_lease_namespace_is_named_once_with_the_flag_and_recovers() {
+    let server = Cluster::start(ClusterOptions::default());
+    let client = server.admin().await;
+    let logs = Logs::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(logs.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    // The test runtime has one thread, so the elector's task logs through this subscriber.
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let config = LeaseConfig {
+        namespace: "not-yet".into(),
+        ..lease("missing", 2)
+    };
+    let a = LeaderElector::start(client.clone(), "replica-a", config).unwrap();
+    // Eight rounds or so against the missing namespace.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let text = String::from_utf8_lossy(&logs.0.lock()).into_owned();
+    let named = text.matches("namespace \"not-yet\" does not exist").count();
+    assert_eq!(named, 1, "the cause should be logged once:\n{text}");
+    assert!(text.contains("--lease-namespace"), "{text}");
+
+    let namespaces: Api<Namespace> = Api::all(client);
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some("not-yet".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    namespaces
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap();
+    wait_leader(&mut a.is_leader(), "replica-a").await;
+    a.release().await;
+    drop(server);
+}
+
 #[test]
 fn unusable_timings_are_rejected_naming_the_setting() {
     let mut config = LeaseConfig::default();

@@ -91,6 +91,14 @@ pub enum LeaderError {
     /// The configuration is unusable.
     #[error("leader election: {0}")]
     Config(String),
+    /// The Lease's namespace does not exist, so the Lease cannot be created.
+    #[error(
+        "namespace {namespace:?} does not exist, so the leader Lease cannot be created there: create it (the chart and deploy/manifests do) or pass an existing namespace with --lease-namespace"
+    )]
+    NoNamespace {
+        /// The missing namespace.
+        namespace: String,
+    },
     /// A Lease call failed.
     #[error("lease {lease}: {source}")]
     Api {
@@ -244,6 +252,8 @@ impl Candidate {
     async fn run(self, mut stop: watch::Receiver<bool>) {
         // When the last successful renewal started; `Some` only while leading.
         let mut renewed_at: Option<Instant> = None;
+        // The last failure logged: a cause is logged once when it appears, not every round.
+        let mut last_failure: Option<String> = None;
         loop {
             let started = Instant::now();
             let deadline = match renewed_at {
@@ -251,20 +261,23 @@ impl Candidate {
                 None => started + self.config.duration,
             };
             match tokio::time::timeout_at(deadline, self.round()).await {
-                Ok(Ok(Round::Leading)) => {
-                    renewed_at = Some(started);
-                    self.set_leader(true);
+                Ok(Ok(round)) => {
+                    if last_failure.take().is_some() {
+                        tracing::info!(identity = %self.identity, "lease rounds succeed again");
+                    }
+                    match round {
+                        Round::Leading => {
+                            renewed_at = Some(started);
+                            self.set_leader(true);
+                        }
+                        Round::Following => {
+                            renewed_at = None;
+                            self.set_leader(false);
+                        }
+                    }
                 }
-                Ok(Ok(Round::Following)) => {
-                    renewed_at = None;
-                    self.set_leader(false);
-                }
-                Ok(Err(error)) => {
-                    tracing::warn!(%error, identity = %self.identity, "lease round failed");
-                }
-                Err(_) => {
-                    tracing::warn!(identity = %self.identity, "lease round timed out");
-                }
+                Ok(Err(error)) => self.note_failure(&mut last_failure, error.to_string()),
+                Err(_) => self.note_failure(&mut last_failure, "lease round timed out".to_owned()),
             }
             if let Some(at) = renewed_at
                 && Instant::now() >= at + self.config.renew_deadline()
@@ -277,6 +290,17 @@ impl Candidate {
                 _ = tokio::time::sleep(self.config.renew_every) => {}
                 _ = stop.wait_for(|s| *s) => return,
             }
+        }
+    }
+
+    /// Logs a failed round: a warning when the cause is new, quietly at debug level while
+    /// the same cause repeats (the loop keeps retrying every `renew_every`).
+    fn note_failure(&self, last: &mut Option<String>, cause: String) {
+        if last.as_deref() == Some(cause.as_str()) {
+            tracing::debug!(error = %cause, identity = %self.identity, "lease round failed again");
+        } else {
+            tracing::warn!(error = %cause, identity = %self.identity, "lease round failed; retrying every renew interval");
+            *last = Some(cause);
         }
     }
 
@@ -308,6 +332,9 @@ impl Candidate {
                 Ok(_) => Ok(Round::Leading),
                 // Another candidate created it first.
                 Err(e) if is_conflict(&e) => Ok(Round::Following),
+                Err(kube::Error::Api(s)) if s.code == 404 => Err(LeaderError::NoNamespace {
+                    namespace: self.config.namespace.clone(),
+                }),
                 Err(e) => Err(self.api_error(e)),
             };
         };
