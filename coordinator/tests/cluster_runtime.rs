@@ -477,6 +477,31 @@ async fn unschedulable_condition_changes_only_with_its_message() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_pods_say_that_no_agent_reports_when_none_does() {
+    let mut env = env().await;
+    // A Ready node whose agent never reported.
+    env.nodes
+        .push(LiteNode::start(&env.server, NodeOptions::new("quiet")));
+    let coordinator = env.start("c1").await;
+    env.create_pod("waits", 1, json!({}), json!({})).await;
+    let message = eventually("an Unschedulable condition", || async {
+        unschedulable_message(&env.get("waits").await?)
+    })
+    .await;
+    assert!(
+        message.starts_with("no tessera-agent is reporting GPUs from any of the 1 nodes"),
+        "{message}"
+    );
+    assert!(message.contains("tessera-agent DaemonSet"), "{message}");
+    // Once an agent reports GPUs the pod is placed.
+    let _agent = env.allocate_bound_pods();
+    env.node("n1", 2).await;
+    bound(&env, "waits").await;
+    coordinator.shutdown().await;
+    drop(env);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_annotation_is_named_and_nothing_else_is_affected() {
     let mut env = env().await;
     env.node("n1", 4).await;

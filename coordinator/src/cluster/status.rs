@@ -77,11 +77,28 @@ impl StatusWriter {
             .retain(|uid, _| store.pods.contains_key(uid));
         self.pod_warnings
             .retain(|uid, _| store.pods.contains_key(uid));
+        let no_agents = no_agent_hint(translated);
+        let asks_gpus: BTreeSet<&str> = translated
+            .snapshot
+            .pods
+            .iter()
+            .filter(|p| p.gpu.count > 0)
+            .map(|p| p.uid.as_str())
+            .collect();
         for p in &decisions.pending {
             if bound.contains(&p.pod) {
                 continue;
             }
             if let Some(pod) = store.pods.get(&p.pod) {
+                // With no agent reporting anywhere, every GPU reason the core gives ("no GPU",
+                // "the largest node has 0 healthy GPUs") has one cause, which the core cannot
+                // see: say it first.
+                let message = match &no_agents {
+                    Some(hint) if asks_gpus.contains(p.pod.as_str()) => {
+                        format!("{hint} (scheduler: {})", p.message)
+                    }
+                    _ => p.message.clone(),
+                };
                 let gated = p
                     .reasons
                     .iter()
@@ -91,7 +108,7 @@ impl StatusWriter {
                 } else {
                     UNSCHEDULABLE
                 };
-                self.pod_unschedulable(pod, reason, &p.message).await;
+                self.pod_unschedulable(pod, reason, &message).await;
             }
         }
         for (uid, warnings) in &translated.pod_warnings {
@@ -371,6 +388,17 @@ impl StatusWriter {
 }
 
 /// Keeps each condition's old transition time when its status did not change.
+/// The explanation for GPU pods when no node has a live agent reporting GPUs, else `None`.
+fn no_agent_hint(translated: &Translated) -> Option<String> {
+    let nodes = &translated.snapshot.nodes;
+    nodes.iter().all(|n| n.gpus.is_empty()).then(|| {
+        format!(
+            "no tessera-agent is reporting GPUs from any of the {} nodes, so no GPU pod can be placed: check that the tessera-agent DaemonSet runs on the GPU nodes and reaches the coordinator (a refused agent logs why)",
+            nodes.len()
+        )
+    })
+}
+
 fn keep_times(old: &[Condition], mut new: Vec<Condition>) -> Vec<Condition> {
     for c in &mut new {
         if let Some(o) = old
