@@ -200,6 +200,25 @@ enum SessionEnd {
     Rejected { ours: u32, reason: String },
 }
 
+impl SessionEnd {
+    /// What an operator can change, for the causes that have a fix on this side.
+    fn hint(&self) -> &'static str {
+        match self {
+            SessionEnd::Stream(s) if s.code() == tonic::Code::Unauthenticated => {
+                "the coordinator did not accept this agent's token: mount a projected ServiceAccount token and pass its path with --coordinator-token-file, or run the coordinator with --agent-auth none on a trusted network"
+            }
+            SessionEnd::Stream(s) if s.code() == tonic::Code::PermissionDenied => {
+                "the coordinator knows this agent's identity but does not allow it: its message names the user; add it to the coordinator's --agent-users, or run the agent under the ServiceAccount listed there"
+            }
+            SessionEnd::Connect(_) => {
+                "check --coordinator (the coordinator Service's address) and that the coordinator runs"
+            }
+            SessionEnd::Rejected { .. } => "run an agent and a coordinator of the same release",
+            _ => "",
+        }
+    }
+}
+
 /// Reports to the coordinator at `endpoint` (`http://host:port`) until dropped.
 pub async fn run(endpoint: String, node: Arc<Node>, node_name: String, meter: PodMeter) {
     run_authenticated(endpoint, node, node_name, meter, None).await
@@ -218,12 +237,30 @@ pub async fn run_authenticated(
 ) {
     let mut failures: u32 = 0;
     let mut token = TokenSource::new(token_file);
+    // The last cause logged: each cause is logged once when it appears, then retried quietly.
+    let mut last_cause: Option<String> = None;
     loop {
         let bearer = token.read();
+        let before = failures;
         match session(&endpoint, &node, &node_name, &meter, &mut failures, bearer).await {
             Ok(()) => return,
             Err(error) => {
-                tracing::warn!(%endpoint, %error, "coordinator stream ended; reconnecting")
+                // A session that got as far as Welcome reset `failures`: its end is news.
+                if failures < before || before == 0 {
+                    last_cause = None;
+                }
+                let cause = error.to_string();
+                if last_cause.as_deref() == Some(cause.as_str()) {
+                    tracing::debug!(%endpoint, %error, "coordinator stream ended again; reconnecting");
+                } else {
+                    tracing::warn!(
+                        %endpoint,
+                        %error,
+                        hint = error.hint(),
+                        "coordinator stream ended; reconnecting with backoff (the same cause again is logged at debug level)"
+                    );
+                    last_cause = Some(cause);
+                }
             }
         }
         failures = failures.saturating_add(1);
@@ -368,5 +405,24 @@ async fn session(
                 send(msg(pb::agent_message::Body::Occupancy(occupancy(node, meter))))?;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_name_the_flag_to_change() {
+        let unauthenticated = SessionEnd::Stream(tonic::Status::unauthenticated("no token"));
+        assert!(unauthenticated.hint().contains("--coordinator-token-file"));
+        let denied = SessionEnd::Stream(tonic::Status::permission_denied("user x"));
+        assert!(denied.hint().contains("--agent-users"));
+        assert!(
+            SessionEnd::Connect("refused".into())
+                .hint()
+                .contains("--coordinator")
+        );
+        assert_eq!(SessionEnd::Closed.hint(), "");
     }
 }
