@@ -21,7 +21,7 @@ use crate::model::GpuShare;
 use crate::placement::{GpuFree, NodeCapacity, PodDemand, ScoreWeights, place_on_node};
 
 use super::cluster::{Cluster, SimPod};
-use super::fxhash::FxHashMap;
+use rustc_hash::FxHashMap;
 use super::policy::{
     Policy, best_gpus, bestfit_raw, cluster_tag, clustering_score, dotprod_score, normalise,
     packing_score,

@@ -12,7 +12,6 @@
 pub mod cluster;
 pub mod experiment;
 pub mod fill;
-pub mod fxhash;
 pub mod gpushape;
 pub mod metrics;
 pub mod openb;
