@@ -3,19 +3,19 @@
 //!
 //! GPU and share gauges are read from the node at scrape time, so there is no sampling
 //! loop to keep in step; only the Allocate latency histogram is recorded as calls happen.
-//! The HTTP side is a deliberately tiny HTTP/1.1 responder: two fixed GET paths, one
-//! response per connection.
+//! The HTTP side is an axum router with two GET paths.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::State;
+use axum::http::header;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use crate::node::Node;
@@ -210,35 +210,25 @@ fn state_name(state: crate::enforce::state::EnforcementState) -> &'static str {
     }
 }
 
-/// Serves `/metrics` and `/healthz` until the task is dropped.
+/// Serves `/metrics` and `/healthz` until the task is dropped (axum: full HTTP/1.1 parsing,
+/// keep-alive, and unknown paths answered 404).
 pub async fn serve(listener: TcpListener, node: Arc<Node>) {
-    loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let node = Arc::clone(&node);
-        tokio::spawn(async move {
-            let mut buf = vec![0u8; 2048];
-            let Ok(n) = stream.read(&mut buf).await else {
-                return;
-            };
-            let request = String::from_utf8_lossy(&buf[..n]);
-            let path = request.split_whitespace().nth(1).unwrap_or("");
-            let (status, kind, body) = match path {
-                "/metrics" => (
-                    "200 OK",
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(|State(node): State<Arc<Node>>| async move {
+                (
+                    [(
+                        header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
                     node.metrics.render(&node),
-                ),
-                "/healthz" => ("200 OK", "text/plain", "ok\n".to_owned()),
-                _ => ("404 Not Found", "text/plain", "not found\n".to_owned()),
-            };
-            let head = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = stream.write_all(head.as_bytes()).await;
-            let _ = stream.write_all(body.as_bytes()).await;
-        });
+                )
+            }),
+        )
+        .route("/healthz", axum::routing::get(|| async { "ok\n" }))
+        .with_state(node);
+    if let Err(error) = axum::serve(listener, app).await {
+        tracing::warn!(%error, "the metrics server stopped");
     }
 }

@@ -288,9 +288,11 @@ async fn metrics_expose_gpus_shares_and_allocate_latency() {
     let get = |path: &'static str| async move {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-            .await
-            .unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
         let mut out = String::new();
         s.read_to_string(&mut out).await.unwrap();
         out
