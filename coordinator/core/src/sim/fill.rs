@@ -21,11 +21,11 @@ use crate::model::GpuShare;
 use crate::placement::{GpuFree, NodeCapacity, PodDemand, ScoreWeights, place_on_node};
 
 use super::cluster::{Cluster, SimPod};
-use rustc_hash::FxHashMap;
 use super::policy::{
     Policy, best_gpus, bestfit_raw, cluster_tag, clustering_score, dotprod_score, normalise,
     packing_score,
 };
+use rustc_hash::FxHashMap;
 
 /// Maximum pods per node (the published node YAML's `pods: 1001`, never binding).
 const MAX_PODS: u32 = 1001;
