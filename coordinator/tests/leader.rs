@@ -19,14 +19,11 @@ use tokio::sync::watch;
 /// Deadline for "eventually" conditions.
 const WAIT: Duration = Duration::from_secs(30);
 
-async fn api_server() -> (Cluster, kube::Client) {
-    let server = Cluster::start(ClusterOptions::default());
-    let client = server.admin().await;
-    // The Lease lives in the coordinator's namespace, which the deployment creates.
+async fn create_namespace(client: &kube::Client, name: &str) {
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let namespace = Namespace {
         metadata: ObjectMeta {
-            name: Some("tessera-system".into()),
+            name: Some(name.into()),
             ..Default::default()
         },
         ..Default::default()
@@ -35,6 +32,13 @@ async fn api_server() -> (Cluster, kube::Client) {
         .create(&PostParams::default(), &namespace)
         .await
         .unwrap();
+}
+
+async fn api_server() -> (Cluster, kube::Client) {
+    let server = Cluster::start(ClusterOptions::default());
+    let client = server.admin().await;
+    // The Lease lives in the coordinator's namespace, which the deployment creates.
+    create_namespace(&client, "tessera-system").await;
     (server, client)
 }
 
@@ -300,18 +304,7 @@ async fn a_missing_lease_namespace_is_named_once_with_the_flag_and_recovers() {
     assert_eq!(named, 1, "the cause should be logged once:\n{text}");
     assert!(text.contains("--lease-namespace"), "{text}");
 
-    let namespaces: Api<Namespace> = Api::all(client);
-    let namespace = Namespace {
-        metadata: ObjectMeta {
-            name: Some("not-yet".into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    namespaces
-        .create(&PostParams::default(), &namespace)
-        .await
-        .unwrap();
+    create_namespace(&client, "not-yet").await;
     wait_leader(&mut a.is_leader(), "replica-a").await;
     a.release().await;
     drop(server);

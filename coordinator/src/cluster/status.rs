@@ -77,14 +77,17 @@ impl StatusWriter {
             .retain(|uid, _| store.pods.contains_key(uid));
         self.pod_warnings
             .retain(|uid, _| store.pods.contains_key(uid));
-        let no_agents = no_agent_hint(translated);
-        let asks_gpus: BTreeSet<&str> = translated
-            .snapshot
-            .pods
-            .iter()
-            .filter(|p| p.gpu.count > 0)
-            .map(|p| p.uid.as_str())
-            .collect();
+        // Only a cluster with no agent at all pays for the set of GPU pods.
+        let no_agents = no_agent_hint(translated).map(|hint| {
+            let asks_gpus: BTreeSet<&str> = translated
+                .snapshot
+                .pods
+                .iter()
+                .filter(|p| p.gpu.count > 0)
+                .map(|p| p.uid.as_str())
+                .collect();
+            (hint, asks_gpus)
+        });
         for p in &decisions.pending {
             if bound.contains(&p.pod) {
                 continue;
@@ -94,7 +97,7 @@ impl StatusWriter {
                 // "the largest node has 0 healthy GPUs") has one cause, which the core cannot
                 // see: say it first.
                 let message = match &no_agents {
-                    Some(hint) if asks_gpus.contains(p.pod.as_str()) => {
+                    Some((hint, asks_gpus)) if asks_gpus.contains(p.pod.as_str()) => {
                         format!("{hint} (scheduler: {})", p.message)
                     }
                     _ => p.message.clone(),

@@ -20,6 +20,23 @@ pub fn namespace_labels<'a>(snap: &'a Snapshot, ns: &str) -> &'a BTreeMap<String
     snap.namespaces.get(ns).unwrap_or(&NO_LABELS)
 }
 
+/// Every placed pod other than `p`, with its node and its namespace's labels.
+fn placed_others<'a, O: Occupancy>(
+    snap: &'a Snapshot,
+    occ: &O,
+    p: u32,
+) -> impl Iterator<Item = (&'a Node, &'a Pod, &'a BTreeMap<String, String>)> {
+    snap.nodes.iter().enumerate().flat_map(move |(n, node)| {
+        occ.pods_on(n as u32)
+            .iter()
+            .filter(move |&&q| q != p)
+            .map(move |&q| {
+                let e = &snap.pods[q as usize];
+                (node, e, namespace_labels(snap, &e.namespace))
+            })
+    })
+}
+
 /// Whether `target` (in a namespace labelled `ns_labels`) is one of the pods `term` is about.
 pub fn term_matches(
     term: &PodAffinityTerm,
@@ -53,28 +70,21 @@ impl<'a> InterPod<'a> {
             self_match: false,
         };
         if !c.pod_affinity.is_empty() || !c.pod_anti_affinity.is_empty() {
-            for (n, node) in snap.nodes.iter().enumerate() {
-                for &q in occ.pods_on(n as u32) {
-                    if q == p {
-                        continue;
+            for (node, e, ns) in placed_others(snap, occ, p) {
+                // kube counts a pod for affinity only when it matches every term.
+                if !c.pod_affinity.is_empty()
+                    && c.pod_affinity.iter().all(|t| term_matches(t, e, ns))
+                {
+                    for t in &c.pod_affinity {
+                        bump(&mut s.affinity, node, &t.topology_key);
                     }
-                    let e = &snap.pods[q as usize];
-                    let ns = namespace_labels(snap, &e.namespace);
-                    // kube counts a pod for affinity only when it matches every term.
-                    if !c.pod_affinity.is_empty()
-                        && c.pod_affinity.iter().all(|t| term_matches(t, e, ns))
-                    {
-                        for t in &c.pod_affinity {
-                            bump(&mut s.affinity, node, &t.topology_key);
-                        }
-                    }
-                    for t in c
-                        .pod_anti_affinity
-                        .iter()
-                        .filter(|t| term_matches(t, e, ns))
-                    {
-                        bump(&mut s.anti, node, &t.topology_key);
-                    }
+                }
+                for t in c
+                    .pod_anti_affinity
+                    .iter()
+                    .filter(|t| term_matches(t, e, ns))
+                {
+                    bump(&mut s.anti, node, &t.topology_key);
                 }
             }
             let own = namespace_labels(snap, &pod.namespace);
@@ -168,19 +178,12 @@ impl<'a> Preferred<'a> {
         if weighted.is_empty() {
             return Preferred { terms };
         }
-        for (n, node) in snap.nodes.iter().enumerate() {
-            for &q in occ.pods_on(n as u32) {
-                if q == p {
-                    continue;
-                }
-                let e = &snap.pods[q as usize];
-                let ns = namespace_labels(snap, &e.namespace);
-                for (i, (w, sign)) in weighted.iter().enumerate() {
-                    if let Some(v) = node.labels.get(&w.term.topology_key)
-                        && term_matches(&w.term, e, ns)
-                    {
-                        *terms[i].1.entry(v.as_str()).or_insert(0) += sign * i64::from(w.weight);
-                    }
+        for (node, e, ns) in placed_others(snap, occ, p) {
+            for (i, (w, sign)) in weighted.iter().enumerate() {
+                if let Some(v) = node.labels.get(&w.term.topology_key)
+                    && term_matches(&w.term, e, ns)
+                {
+                    *terms[i].1.entry(v.as_str()).or_insert(0) += sign * i64::from(w.weight);
                 }
             }
         }

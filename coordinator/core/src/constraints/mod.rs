@@ -54,20 +54,13 @@ pub fn static_misfit(pod: &Pod, node: &Node) -> Option<NodeReason> {
     None
 }
 
-/// Pod count and resources other than CPU, memory and GPUs (NodeResourcesFit's remaining
-/// checks), with `others` the pods on the node.
-pub fn resources_misfit(
-    snap: &Snapshot,
-    pod: &Pod,
-    node: &Node,
-    others: &[u32],
-) -> Option<NodeReason> {
-    if let Some(max) = node.constraints.max_pods
-        && others.len() as u64 + 1 > u64::from(max)
-    {
-        return Some(NodeReason::TooManyPods);
-    }
-    extended_misfit(snap, pod, node, others)
+/// NodeResourcesFit's pod count, with `others` the pods on the node. The cycle applies the
+/// same rule in `placement::gpu_fit`; this is `filter_nodes`'s copy of it.
+fn pod_count_misfit(node: &Node, others: &[u32]) -> Option<NodeReason> {
+    node.constraints
+        .max_pods
+        .is_some_and(|max| others.len() as u64 + 1 > u64::from(max))
+        .then_some(NodeReason::TooManyPods)
 }
 
 /// Resources other than CPU, memory and GPUs, with `others` the pods on the node.
@@ -251,7 +244,7 @@ pub fn filter_nodes(snap: &Snapshot, pod: usize) -> Vec<Option<NodeReason>> {
         .map(|n| {
             let node = &snap.nodes[n as usize];
             static_misfit(p, node)
-                .or_else(|| resources_misfit(snap, p, node, occ.pods_on(n)))
+                .or_else(|| pod_count_misfit(node, occ.pods_on(n)))
                 .or_else(|| cpu_memory_misfit(snap, p, node, occ.pods_on(n)))
                 .or_else(|| prepared.misfit(n, &occ))
         })
