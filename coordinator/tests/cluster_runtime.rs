@@ -502,6 +502,42 @@ async fn gpu_pods_say_that_no_agent_reports_when_none_does() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_pods_name_the_gpu_nodes_whose_agent_is_silent() {
+    let mut env = env().await;
+    env.node("n1", 2).await;
+    // A GPU node (as NVIDIA's feature discovery labels it) whose agent never reported, and a
+    // CPU node, which is not named.
+    let mut quiet = NodeOptions::new("quiet");
+    quiet
+        .labels
+        .insert("nvidia.com/gpu.present".to_owned(), "true".to_owned());
+    env.nodes.push(LiteNode::start(&env.server, quiet));
+    env.nodes
+        .push(LiteNode::start(&env.server, NodeOptions::new("cpu-only")));
+    let coordinator = env.start("c1").await;
+    env.create_pod("wide", 4, json!({}), json!({})).await;
+    let message = eventually(
+        "an Unschedulable condition naming the silent node",
+        || async {
+            let m = unschedulable_message(&env.get("wide").await?)?;
+            m.contains("quiet").then_some(m)
+        },
+    )
+    .await;
+    // The core's reason first, then the node it could not count.
+    assert!(!message.starts_with("no tessera-agent"), "{message}");
+    assert!(
+        message.contains(
+            "; no tessera-agent is reporting from 1 GPU node (quiet), so its GPUs are not counted"
+        ),
+        "{message}"
+    );
+    assert!(!message.contains("cpu-only"), "{message}");
+    coordinator.shutdown().await;
+    drop(env);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_annotation_is_named_and_nothing_else_is_affected() {
     let mut env = env().await;
     env.node("n1", 4).await;

@@ -6,6 +6,7 @@
 //! server and the leader-only [`scheduler`] loop. The scheduling core never depends on this
 //! module; this module only reads the core's decisions and writes them to the API server.
 
+pub mod agent_gap;
 pub mod binder;
 pub mod cache;
 pub mod events;

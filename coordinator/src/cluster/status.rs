@@ -15,6 +15,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
+use super::agent_gap::AgentGap;
 use super::cache::Store;
 use super::events::{self, EventKind, EventWriter};
 use crate::crd::validate::{self, Problem};
@@ -77,30 +78,29 @@ impl StatusWriter {
             .retain(|uid, _| store.pods.contains_key(uid));
         self.pod_warnings
             .retain(|uid, _| store.pods.contains_key(uid));
-        // Only a cluster with no agent at all pays for the set of GPU pods.
-        let no_agents = no_agent_hint(translated).map(|hint| {
-            let asks_gpus: BTreeSet<&str> = translated
+        let gap = AgentGap::of(store, &translated.snapshot.nodes);
+        // Only a cycle with a gap to explain pays for the set of GPU pods.
+        let asks_gpus: BTreeSet<&str> = if gap == AgentGap::None {
+            BTreeSet::new()
+        } else {
+            translated
                 .snapshot
                 .pods
                 .iter()
                 .filter(|p| p.gpu.count > 0)
                 .map(|p| p.uid.as_str())
-                .collect();
-            (hint, asks_gpus)
-        });
+                .collect()
+        };
         for p in &decisions.pending {
             if bound.contains(&p.pod) {
                 continue;
             }
             if let Some(pod) = store.pods.get(&p.pod) {
-                // With no agent reporting anywhere, every GPU reason the core gives ("no GPU",
-                // "the largest node has 0 healthy GPUs") has one cause, which the core cannot
-                // see: say it first.
-                let message = match &no_agents {
-                    Some((hint, asks_gpus)) if asks_gpus.contains(p.pod.as_str()) => {
-                        format!("{hint} (scheduler: {})", p.message)
-                    }
-                    _ => p.message.clone(),
+                // The core cannot see agents that report nothing: a GPU pod's message says so.
+                let message = if asks_gpus.contains(p.pod.as_str()) {
+                    gap.explain(&p.message)
+                } else {
+                    p.message.clone()
                 };
                 let gated = p
                     .reasons
@@ -391,17 +391,6 @@ impl StatusWriter {
 }
 
 /// Keeps each condition's old transition time when its status did not change.
-/// The explanation for GPU pods when no node has a live agent reporting GPUs, else `None`.
-fn no_agent_hint(translated: &Translated) -> Option<String> {
-    let nodes = &translated.snapshot.nodes;
-    nodes.iter().all(|n| n.gpus.is_empty()).then(|| {
-        format!(
-            "no tessera-agent is reporting GPUs from any of the {} nodes, so no GPU pod can be placed: check that the tessera-agent DaemonSet runs on the GPU nodes and reaches the coordinator (a refused agent logs why)",
-            nodes.len()
-        )
-    })
-}
-
 fn keep_times(old: &[Condition], mut new: Vec<Condition>) -> Vec<Condition> {
     for c in &mut new {
         if let Some(o) = old

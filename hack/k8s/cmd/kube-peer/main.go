@@ -21,6 +21,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/component-base/cli"
+	kubectlcmd "k8s.io/kubectl/pkg/cmd"
+	kubectlutil "k8s.io/kubectl/pkg/cmd/util"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
 
@@ -45,6 +47,16 @@ func main() {
 			os.Exit(cli.Run(cmd))
 		case "helm":
 			os.Exit(runHelm(os.Args[2:]))
+		case "kubectl":
+			// The pinned release's kubectl, so the playground and its README need none installed.
+			// Its messages name the program (os.Args[0]): they should say kubectl.
+			os.Args = append([]string{"kubectl"}, os.Args[2:]...)
+			cmd := kubectlcmd.NewDefaultKubectlCommand()
+			cmd.SetArgs(os.Args[1:])
+			if err := cli.RunNoErrOutput(cmd); err != nil {
+				kubectlutil.CheckErr(err)
+			}
+			os.Exit(0)
 		}
 	}
 	if err := root().Execute(); err != nil {
@@ -94,7 +106,7 @@ func untilStdinCloses(parent context.Context) context.Context {
 func root() *cobra.Command {
 	r := &cobra.Command{
 		Use:          "kube-peer",
-		Short:        "Real Kubernetes components as test peers (also: kube-peer kube-scheduler|kube-controller-manager|helm ARGS)",
+		Short:        "Real Kubernetes components as test peers (also: kube-peer kube-scheduler|kube-controller-manager|helm|kubectl ARGS)",
 		SilenceUsage: true,
 	}
 	r.AddCommand(clusterCmd(), nodeCmd(), fleetCmd(), promlintCmd(), filtersCmd())
