@@ -105,6 +105,7 @@ impl PluginServer {
         let kubelet_socket = config.kubelet_socket_path();
         let mut failures = 0u32;
         let mut logged_absent = false;
+        let mut last_error: Option<String> = None;
 
         let kubelet = loop {
             if let Some(outcome) = generation.check()? {
@@ -131,7 +132,15 @@ impl PluginServer {
                 Err(error) => {
                     failures = failures.saturating_add(1);
                     let delay = config.backoff().delay(failures);
-                    tracing::warn!(%resource, %error, retry_in = ?delay, "Register failed");
+                    // Retried with backoff: a cause is logged once, its repeats at debug level.
+                    let text = error.to_string();
+                    if last_error.as_deref() == Some(text.as_str()) {
+                        tracing::debug!(%resource, error = %text, retry_in = ?delay, "Register failed again");
+                    } else {
+                        tracing::warn!(%resource, error = %text, retry_in = ?delay,
+                            "Register failed; retrying with backoff (repeats of this cause are logged at debug level)");
+                        last_error = Some(text);
+                    }
                     if self.back_off(stop, delay, kubelet).await {
                         return Ok(Outcome::Stop);
                     }

@@ -3,7 +3,10 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use common::{RESOURCE, RunningPlugin, SlotProvider, WAIT, config, start_slot_plugin};
 use tessera_device_plugin::testing::FakeKubelet;
@@ -84,8 +87,38 @@ async fn kubelet_absent_at_start_then_appearing() {
     plugin.stop().await.unwrap();
 }
 
+/// Log lines written while a test runs (the current-thread runtime keeps every task on the
+/// thread the subscriber is set for).
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock()).into_owned()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 #[tokio::test]
 async fn rejected_registration_is_retried_with_backoff() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let _subscriber = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish(),
+    );
     let dir = tempfile::tempdir().unwrap();
     let kubelet = FakeKubelet::start(dir.path()).await.unwrap();
     kubelet.reject_registrations(Some((tonic::Code::Unavailable, "device manager not ready")));
@@ -104,6 +137,19 @@ async fn rejected_registration_is_retried_with_backoff() {
     kubelet.reject_registrations(None);
     kubelet.wait_for_registrations(1, WAIT).await.unwrap();
     plugin.stop().await.unwrap();
+    // Several refusals with one cause: one warning naming it, the repeats at debug level.
+    let text = logs.text();
+    let warned = text
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("Register failed"))
+        .count();
+    let repeated = text
+        .lines()
+        .filter(|l| l.contains("DEBUG") && l.contains("Register failed again"))
+        .count();
+    assert_eq!(warned, 1, "{text}");
+    assert!(repeated >= 1, "{text}");
+    assert!(text.contains("device manager not ready"), "{text}");
 }
 
 #[tokio::test]

@@ -252,6 +252,7 @@ async fn run(
         let watching = Arc::clone(&watching);
         tokio::task::spawn_blocking(move || {
             let mut checked = std::time::Instant::now();
+            let mut last_error: Option<String> = None;
             while watching.load(Ordering::Relaxed) {
                 // Lost GPUs and the NVSwitch fabric are polled: neither sends an event
                 // the agent can rely on.
@@ -261,11 +262,19 @@ async fn run(
                 }
                 match node.backend().wait_event(Duration::from_millis(200)) {
                     Ok(Some(event)) => {
+                        last_error = None;
                         node.on_xid(&event);
                     }
-                    Ok(None) => {}
+                    Ok(None) => last_error = None,
                     Err(error) => {
-                        tracing::warn!(%error, "XID watch failed; retrying");
+                        // Retried every second: the same cause is logged once, then at debug.
+                        let text = error.to_string();
+                        if last_error.as_deref() == Some(text.as_str()) {
+                            tracing::debug!(error = %text, "XID watch failed again; retrying");
+                        } else {
+                            tracing::warn!(error = %text, "XID watch failed; retrying every second (repeats of this cause are logged at debug level)");
+                            last_error = Some(text);
+                        }
                         std::thread::sleep(Duration::from_secs(1));
                     }
                 }

@@ -159,14 +159,24 @@ impl KubeAssignments {
             tokio::spawn(async move {
                 let mut fresh: Option<BTreeMap<PodRef, Entry>> = None;
                 let mut stream = watcher(api, config).default_backoff().boxed();
+                // A cause is logged once; its repeats (the watcher retries with backoff) are
+                // logged at debug level until the watch works again.
+                let mut last_error: Option<String> = None;
                 while let Some(event) = stream.next().await {
                     let event = match event {
                         Ok(e) => e,
                         Err(error) => {
-                            tracing::warn!(%error, "pod watch failed; retrying");
+                            let text = error.to_string();
+                            if last_error.as_deref() == Some(text.as_str()) {
+                                tracing::debug!(error = %text, "pod watch failed again; retrying");
+                            } else {
+                                tracing::warn!(error = %text, "pod watch failed; retrying with backoff (repeats of this cause are logged at debug level)");
+                                last_error = Some(text);
+                            }
                             continue;
                         }
                     };
+                    last_error = None;
                     match event {
                         watcher::Event::Init => fresh = Some(BTreeMap::new()),
                         watcher::Event::InitApply(pod) => {
