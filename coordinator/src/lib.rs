@@ -4,7 +4,8 @@
 //! their usual names, so `tessera_coordinator::model` and `crate::model` keep working.
 //! This crate adds what talks to the world: the CRDs (`crd`), the translation of
 //! Kubernetes objects into a core snapshot (`translate`), the agents' gRPC service
-//! (`agents`), the running scheduler (`cluster`) and its operations surface (`ops`).
+//! (`agents`), the running scheduler (`cluster`), its operations surface (`ops`) and the
+//! admission webhook that routes GPU pods to it (`webhook`).
 
 pub use tessera_core::{actions, cycle, fairshare, model, placement, sim};
 
@@ -13,3 +14,4 @@ pub mod cluster;
 pub mod crd;
 pub mod ops;
 pub mod translate;
+pub mod webhook;

@@ -67,6 +67,18 @@ struct RunArgs {
     /// Address of `/metrics`, `/healthz` and `/readyz` (`host:port`), or `none`.
     #[arg(long, default_value = "0.0.0.0:9090")]
     metrics_listen: String,
+    /// Address of the mutating admission webhook (HTTPS, `POST /mutate-pods`) that routes
+    /// default-scheduler pods asking for `nvidia.com/gpu` to this scheduler, or `none`.
+    /// Needs --webhook-cert-file and --webhook-key-file.
+    #[arg(long, default_value = "none")]
+    webhook_listen: String,
+    /// The webhook's PEM certificate chain; re-read every 10 s, so a rotated Secret takes
+    /// effect without a restart.
+    #[arg(long)]
+    webhook_cert_file: Option<PathBuf>,
+    /// The webhook's PEM private key.
+    #[arg(long)]
+    webhook_key_file: Option<PathBuf>,
     /// How agents authenticate: `tokenreview` (their ServiceAccount token, checked with a
     /// TokenReview) or `none` (development only: any client may report for any node).
     #[arg(long, value_enum, default_value_t = AgentAuth::Tokenreview)]
@@ -376,6 +388,23 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
         .context("--lease-duration-secs / --renew-secs")?;
     let agent_listen = parse_listen("--agent-listen", &args.agent_listen)?;
     let metrics_listen = parse_listen("--metrics-listen", &args.metrics_listen)?;
+    let webhook = match parse_listen("--webhook-listen", &args.webhook_listen)? {
+        None => None,
+        Some(listen) => {
+            let (Some(cert_file), Some(key_file)) = (args.webhook_cert_file, args.webhook_key_file)
+            else {
+                anyhow::bail!(
+                    "--webhook-listen {listen}: also give --webhook-cert-file and --webhook-key-file (PEM files; the chart mounts them from a Secret)"
+                );
+            };
+            Some(tessera_coordinator::webhook::WebhookConfig {
+                listen,
+                cert_file,
+                key_file,
+                scheduler_name: args.scheduler_name.clone(),
+            })
+        }
+    };
     let agent_users: Vec<String> = args
         .agent_users
         .iter()
@@ -421,6 +450,16 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
             ..CoordinatorConfig::default()
         };
         let signal = termination_signal().context("installing signal handlers")?;
+        // Every replica serves the webhook, leader or not: admission must not wait for an
+        // election.
+        let webhook = match webhook {
+            Some(config) => Some(
+                tessera_coordinator::webhook::WebhookHandle::start(config)
+                    .await
+                    .context("starting the admission webhook")?,
+            ),
+            None => None,
+        };
         let handle = Coordinator::start(client, config)
             .await
             .context("starting the coordinator")?;
@@ -433,6 +472,9 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
         signal.await;
         tracing::info!("stopping: finishing the cycle, releasing the lease");
         handle.shutdown().await;
+        if let Some(webhook) = webhook {
+            webhook.stop().await;
+        }
         tracing::info!("stopped");
         Ok(())
     })

@@ -1053,3 +1053,40 @@ fn other_schedulers_bound_pods_carry_their_constraints_unvalidated() {
     // Not ours: no implicit GPU toleration either.
     assert!(c.tolerations.is_empty());
 }
+
+#[test]
+fn other_schedulers_pods_hold_the_gpus_the_kubelet_gives_them() {
+    // The kubelet's device manager: app containers' sum, or the largest init container's
+    // (whose devices the app containers reuse), sidecars on top.
+    let gpus = |n: u32| json!({"limits": {"nvidia.com/gpu": n.to_string()}});
+    let cases = [
+        // Two app containers with GPUs: both count.
+        (
+            json!([{"name": "a", "resources": gpus(1)}, {"name": "b", "resources": gpus(2)}]),
+            json!([]),
+            3,
+        ),
+        // A larger init container: its GPUs, reused by the app container.
+        (
+            json!([{"name": "a", "resources": gpus(1)}]),
+            json!([{"name": "warm", "resources": gpus(3)}]),
+            3,
+        ),
+        // A sidecar keeps its GPU beside the app container's.
+        (
+            json!([{"name": "a", "resources": gpus(1)}]),
+            json!([{"name": "side", "restartPolicy": "Always", "resources": gpus(1)}]),
+            2,
+        ),
+    ];
+    for (containers, init, want) in cases {
+        let p: KubePod = serde_json::from_value(json!({
+            "metadata": {"name": "o", "namespace": "ns"},
+            "spec": {"nodeName": "n1", "containers": containers, "initContainers": init},
+        }))
+        .unwrap();
+        let t = run(&p);
+        assert!(t.pod.owned_by_other_scheduler);
+        assert_eq!(t.pod.gpu.count, want, "{containers} / {init}");
+    }
+}

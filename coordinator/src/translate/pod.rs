@@ -148,12 +148,18 @@ pub fn translate(pod: &KubePod, ctx: &PodContext) -> Option<TranslatedPod> {
     let (gpu, gpu_container) = if ours {
         gpu_request(spec.containers.as_slice(), annotations, &mut errors)
     } else {
-        // Another scheduler's pod: only its whole GPUs count (our annotations are not for it).
+        // Another scheduler's pod holds whole GPUs (our annotations are not for it), as many
+        // as the kubelet's device manager gives it: the app containers' sum, or the largest
+        // init container's if more (app containers reuse the init containers' devices), with
+        // sidecars on top — the effective request `pod_requests` computes.
+        let whole = requested
+            .get(keys::GPU_RESOURCE)
+            .map_or(0, |milli| milli.div_ceil(1000));
         let mut ignored = Vec::new();
-        let (count, container) = gpu_count(spec.containers.as_slice(), &mut ignored);
+        let (_, container) = gpu_count(spec.containers.as_slice(), &mut ignored);
         (
             GpuRequest {
-                count,
+                count: u32::try_from(whole).unwrap_or(u32::MAX),
                 per_gpu: GpuShare::Whole,
             },
             container,

@@ -102,6 +102,8 @@ pub struct Setup {
     pub coordinators: usize,
     /// Seconds a gang may stay below `minMember` before it is evicted whole.
     pub gang_grace_seconds: u64,
+    /// Also run the real kube-scheduler, the default scheduler of pods naming none.
+    pub kube_scheduler: bool,
 }
 
 impl Setup {
@@ -111,6 +113,7 @@ impl Setup {
             nodes: vec![("node-a".into(), A100_PAIRS), ("node-b".into(), A100_PAIRS)],
             coordinators: 1,
             gang_grace_seconds: 300,
+            kube_scheduler: false,
         }
     }
 
@@ -120,6 +123,7 @@ impl Setup {
             nodes: vec![("node-a".into(), A100_PAIRS)],
             coordinators: 1,
             gang_grace_seconds: 300,
+            kube_scheduler: false,
         }
     }
 
@@ -129,6 +133,7 @@ impl Setup {
             nodes: vec![("node-a".into(), ONE_A100)],
             coordinators: 1,
             gang_grace_seconds: 300,
+            kube_scheduler: false,
         }
     }
 
@@ -204,7 +209,11 @@ impl E2e {
         // Pods need their namespace's ServiceAccount, which the real controller creates.
         let cluster = tokio::task::block_in_place(|| {
             Cluster::start(ClusterOptions {
-                controllers: Some("serviceaccount-controller".into()),
+                scheduler: setup.kube_scheduler,
+                // The workload controllers too, for tests of pods that controllers own.
+                controllers: Some(
+                    "serviceaccount-controller,replicaset-controller,deployment-controller".into(),
+                ),
                 ..ClusterOptions::default()
             })
         });

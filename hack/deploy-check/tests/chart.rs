@@ -675,6 +675,16 @@ async fn helm_install_creates_every_object_of_the_chart() {
                 .get(name)
                 .await
                 .is_ok(),
+            "Secret" => Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), ns)
+                .get(name)
+                .await
+                .is_ok(),
+            "MutatingWebhookConfiguration" => Api::<
+                k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration,
+            >::all(client.clone())
+            .get(name)
+            .await
+            .is_ok(),
             other => panic!("{source}: the test does not know how to look up a {other}"),
         };
         assert!(
@@ -708,5 +718,52 @@ async fn helm_install_creates_every_object_of_the_chart() {
         "{}\n{}",
         status.stdout,
         status.stderr
+    );
+
+    // The webhook's certificate: the API server trusts the CA in the Secret the coordinator
+    // serves, and an upgrade keeps both (a new pair on every upgrade would leave the API
+    // server and the mounted Secret disagreeing until the kubelet refreshes the volume).
+    let webhook_ca = || async {
+        let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), ns)
+            .get("tessera-coordinator-webhook-tls")
+            .await
+            .expect("the webhook Secret");
+        let ca = secret.data.unwrap_or_default()["ca.crt"].0.clone();
+        let config =
+            Api::<k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration>::all(
+                client.clone(),
+            )
+            .get("tessera-coordinator")
+            .await
+            .expect("the MutatingWebhookConfiguration");
+        let bundle = config.webhooks.unwrap_or_default()[0]
+            .client_config
+            .ca_bundle
+            .clone()
+            .expect("a caBundle")
+            .0;
+        assert_eq!(bundle, ca, "the caBundle is the Secret's CA");
+        assert!(String::from_utf8_lossy(&ca).starts_with("-----BEGIN CERTIFICATE-----"));
+        ca
+    };
+    let before = webhook_ca().await;
+    let upgrade = tokio::task::block_in_place(|| {
+        tessera_testcluster::helm(
+            &[
+                "upgrade",
+                "tessera",
+                &chart.to_string_lossy(),
+                "--namespace",
+                ns,
+                "--wait=false",
+            ],
+            Some(&kubeconfig),
+        )
+    });
+    assert!(upgrade.success, "helm upgrade failed:\n{}", upgrade.stderr);
+    assert_eq!(
+        webhook_ca().await,
+        before,
+        "the upgrade kept the certificate"
     );
 }
