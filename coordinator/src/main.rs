@@ -402,6 +402,7 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
                 cert_file,
                 key_file,
                 scheduler_name: args.scheduler_name.clone(),
+                reload_every: tessera_coordinator::webhook::server::RELOAD_EVERY,
             })
         }
     };

@@ -142,6 +142,7 @@ async fn default_scheduler_gpu_pods_are_routed_and_none_fails_admission() {
         cert_file: e2e.dir.path().join("tls.crt"),
         key_file: e2e.dir.path().join("tls.key"),
         scheduler_name: "tessera".into(),
+        reload_every: std::time::Duration::from_secs(10),
     })
     .await
     .expect("the webhook starts");

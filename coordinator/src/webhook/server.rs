@@ -3,7 +3,7 @@
 //!
 //! The API server only calls webhooks over TLS. The certificate and key are PEM files (the
 //! chart mounts a Secret it generated, or one cert-manager keeps); they are read again every
-//! [`RELOAD_EVERY`] and the server switches to them when their content changed, so a rotated
+//! [`WebhookConfig::reload_every`] ([`RELOAD_EVERY`] by default) and the server switches to them when their content changed, so a rotated
 //! Secret takes effect without a restart. A change that does not parse is logged and the old
 //! certificate kept.
 
@@ -41,6 +41,9 @@ pub struct WebhookConfig {
     pub key_file: PathBuf,
     /// The scheduler name routed pods get.
     pub scheduler_name: String,
+    /// How often the certificate files are read for a rotation ([`RELOAD_EVERY`] in
+    /// `tessera-coordinator run`).
+    pub reload_every: Duration,
 }
 
 /// Why the webhook could not start.
@@ -206,10 +209,10 @@ async fn mutate_pods(
     }
 }
 
-/// Reads the certificate files every [`RELOAD_EVERY`] and switches to them when they changed.
+/// Reads the certificate files every `reload_every` and switches to them when they changed.
 async fn reload_loop(config: WebhookConfig, tls: RustlsConfig) {
     let mut seen = read_pair(&config.cert_file, &config.key_file);
-    let mut interval = tokio::time::interval(RELOAD_EVERY);
+    let mut interval = tokio::time::interval(config.reload_every);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         interval.tick().await;
