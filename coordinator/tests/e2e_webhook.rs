@@ -24,15 +24,6 @@ use serde::Deserialize;
 use serde_json::json;
 use tessera_coordinator::webhook::{WebhookConfig, WebhookHandle};
 
-/// Two 80 GB A100s: 20 `nvidia.com/gpu` slots at the agent's default 10 per GPU.
-const TWO_A100: &str = r#"
-cpu_milli: 64000
-memory_mib: 524288
-gpus:
-  - {model: A100-80GB, memory_mib: 81920, numa: 0, pci_bus_id: "0000:07:00.0"}
-  - {model: A100-80GB, memory_mib: 81920, numa: 0, pci_bus_id: "0000:0f:00.0"}
-"#;
-
 /// A CA and a serving certificate for 127.0.0.1, written as PEM files; returns the CA's PEM.
 fn certificates(dir: &Path) -> String {
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -129,13 +120,7 @@ async fn routed_scheduler(client: &kube::Client, namespace: &str, pod: &Pod) -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_scheduler_gpu_pods_are_routed_and_none_fails_admission() {
-    let e2e = E2e::start(Setup {
-        nodes: vec![("node-a".into(), TWO_A100)],
-        coordinators: 1,
-        gang_grace_seconds: 300,
-        kube_scheduler: true,
-    })
-    .await;
+    let e2e = E2e::start(Setup::two_gpus().with_kube_scheduler()).await;
     let ca = certificates(e2e.dir.path());
     let webhook = WebhookHandle::start(WebhookConfig {
         listen: "127.0.0.1:0".parse().unwrap(),

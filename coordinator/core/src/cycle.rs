@@ -195,6 +195,13 @@ pub enum Reason {
         /// The reclaiming queue.
         queue: String,
     },
+    /// Victims that would make room are covered by PodDisruptionBudgets with no disruption
+    /// left (or by more than one budget): the Eviction API would refuse them, so they are not
+    /// chosen.
+    DisruptionBudget {
+        /// `namespace/name` of the refusing budgets.
+        budgets: Vec<String>,
+    },
     /// The pod has scheduling gates; it is not placed until they are removed.
     SchedulingGated {
         /// The gates' names.
@@ -376,6 +383,11 @@ impl fmt::Display for Reason {
             Reason::NoReclaimVictims { queue } => write!(
                 f,
                 "queue {queue} is below its fair share, but no preemptible pod of a queue above its own can be evicted for it without taking that queue below its deserved quota, or below its fair share where {queue} would pass its own deserved quota (a gang leaves whole)"
+            ),
+            Reason::DisruptionBudget { budgets } => write!(
+                f,
+                "the pods that would make room are protected by PodDisruptionBudget {}: no disruption is allowed now, so the API server would refuse their eviction",
+                budgets.join(", ")
             ),
             Reason::SchedulingGated { gates } => write!(
                 f,

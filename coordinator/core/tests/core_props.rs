@@ -516,6 +516,74 @@ proptest! {
     }
 
     #[test]
+    fn victims_respect_disruption_budgets(
+        nodes in prop::collection::vec((prop_oneof![Just(1u32), Just(2), Just(4), Just(8)], any::<bool>()), 1..5),
+        limits in prop::collection::vec(prop_oneof![Just(-1i32), 0..6i32], 3),
+        first in prop::collection::vec(pod_spec(), 1..20),
+        second in prop::collection::vec(pod_spec(), 1..20),
+        mins in prop::collection::vec(1..4u32, 3),
+        allowed in prop::collection::vec(0..3u32, 4),
+        overlap in any::<bool>(),
+    ) {
+        let s1 = build(&nodes, &limits, &first, &mins);
+        let d1 = schedule(&s1, &CycleConfig::default());
+        let mut s2 = check_cycle(&s1, &d1)?;
+        // Every running pod may be a victim but for the budgets.
+        for p in &mut s2.pods {
+            p.preemptible = true;
+            p.priority = 0;
+        }
+        // One budget per queue over its bound pods, and maybe one across every bound pod
+        // (which then makes each of them unevictable).
+        let bound: Vec<(String, String)> = s2
+            .pods
+            .iter()
+            .filter(|p| p.placement.is_some())
+            .map(|p| (p.uid.clone(), p.queue.clone()))
+            .collect();
+        for (q, &n) in allowed.iter().enumerate() {
+            let queue = format!("q{q}");
+            s2.disruption_budgets.push(tessera_core::model::DisruptionBudget {
+                name: format!("ns/{queue}"),
+                disruptions_allowed: n,
+                pods: bound.iter().filter(|(_, bq)| *bq == queue).map(|(u, _)| u.clone()).collect(),
+            });
+        }
+        if overlap {
+            s2.disruption_budgets.push(tessera_core::model::DisruptionBudget {
+                name: "ns/all".into(),
+                disruptions_allowed: 100,
+                pods: bound.iter().map(|(u, _)| u.clone()).collect(),
+            });
+        }
+        let extra = build(&nodes, &limits, &second, &mins);
+        for mut p in extra.pods {
+            p.uid = format!("x{}", p.uid);
+            p.name = p.uid.clone();
+            p.priority += 100;
+            s2.pods.push(p);
+        }
+        let d2 = schedule(&s2, &CycleConfig::default());
+        check_cycle(&s2, &d2)?;
+        // The victim search (reclaim, preemption, consolidation) never exceeds a budget; a
+        // stale gang's eviction is not a victim choice.
+        let chosen: Vec<&str> = d2
+            .evictions
+            .iter()
+            .filter(|e| !matches!(e.reason, EvictionReason::GangBelowMinMember))
+            .map(|e| e.pod.as_str())
+            .collect();
+        for b in &s2.disruption_budgets {
+            let taken = chosen.iter().filter(|p| b.pods.iter().any(|u| u == *p)).count() as u32;
+            prop_assert!(taken <= b.disruptions_allowed, "{} took {} of {}", b.name, taken, b.disruptions_allowed);
+        }
+        for p in &chosen {
+            let covering = s2.disruption_budgets.iter().filter(|b| b.pods.iter().any(|u| u == p)).count();
+            prop_assert!(covering <= 1, "{p} is covered by {covering} budgets and was evicted");
+        }
+    }
+
+    #[test]
     fn fair_shares_sum_to_capacity_under_contention(
         quotas in prop::collection::vec((0..50u32, 1..5u32, 0..2usize), 2..7),
         cap in 1..200u32,

@@ -979,3 +979,57 @@ fn gpu_memory_requests_count_as_the_share_of_the_gpu_they_land_on() {
     let d = run(&s);
     assert_eq!(d.fair_shares[0].requested[0], 2256.0, "{:?}", d.fair_shares);
 }
+
+fn budget(name: &str, allowed: u32, pods: &[&str]) -> tessera_core::model::DisruptionBudget {
+    tessera_core::model::DisruptionBudget {
+        name: name.into(),
+        disruptions_allowed: allowed,
+        pods: pods.iter().map(|p| p.to_string()).collect(),
+    }
+}
+
+#[test]
+fn reclaim_takes_no_victim_a_disruption_budget_protects() {
+    // Without a budget, b reclaims a2 and a3 (see reclaim_restores_fair_share).
+    let s = || {
+        two_queue_cluster()
+            .pod(Pod::new("b0", "b").gpus(1).created(10))
+            .pod(Pod::new("b1", "b").gpus(1).created(11))
+    };
+    let by_b = EvictionReason::Reclaim {
+        by_queue: "b".into(),
+    };
+    // No disruption allowed: nothing is evicted, and the waiting pods name the budget.
+    let mut none = s();
+    none.disruption_budgets = vec![budget("ns/a-pdb", 0, &["a0", "a1", "a2", "a3"])];
+    let d = run(&none);
+    assert!(d.evictions.is_empty(), "{:?}", d.evictions);
+    assert!(d.bindings.is_empty());
+    assert!(
+        pending_msg(&d, "b0").contains("protected by PodDisruptionBudget ns/a-pdb"),
+        "{}",
+        pending_msg(&d, "b0")
+    );
+    // One allowed: exactly one victim, one reclaimer placed.
+    let mut one = s();
+    one.disruption_budgets = vec![budget("ns/a-pdb", 1, &["a0", "a1", "a2", "a3"])];
+    let d = run(&one);
+    assert_eq!(evicted(&d), vec![("a3", by_b.clone())]);
+    assert_eq!(bound_pods(&d), vec!["b0"]);
+    // The budget covers only some pods: the others are taken instead.
+    let mut part = s();
+    part.disruption_budgets = vec![budget("ns/a-pdb", 0, &["a3"])];
+    let d = run(&part);
+    assert_eq!(
+        evicted(&d),
+        vec![("a1", by_b.clone()), ("a2", by_b.clone())]
+    );
+    // A pod covered by two budgets cannot be evicted at all (the API server refuses it).
+    let mut two = s();
+    two.disruption_budgets = vec![
+        budget("ns/x", 5, &["a0", "a1", "a2", "a3"]),
+        budget("ns/y", 5, &["a0", "a1", "a2", "a3"]),
+    ];
+    let d = run(&two);
+    assert!(d.evictions.is_empty(), "{:?}", d.evictions);
+}

@@ -15,11 +15,12 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Resource, ResourceExt};
+use kube::Resource;
 use parking_lot::{Mutex, RwLock};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
@@ -50,6 +51,8 @@ pub struct Store {
     pub volumes: BTreeMap<String, Arc<PersistentVolume>>,
     /// StorageClasses by name.
     pub storage_classes: BTreeMap<String, Arc<StorageClass>>,
+    /// PodDisruptionBudgets by `namespace/name`.
+    pub disruption_budgets: BTreeMap<String, Arc<PodDisruptionBudget>>,
 }
 
 /// An object type the cache keeps, and where.
@@ -106,11 +109,7 @@ impl Cached for Queue {
 impl Cached for PodGroup {
     const KIND: &'static str = "podgroups";
     fn key(&self) -> Option<String> {
-        Some(format!(
-            "{}/{}",
-            self.namespace()?,
-            self.metadata.name.clone()?
-        ))
+        namespaced_key(self)
     }
     fn table(store: &mut Store) -> &mut BTreeMap<String, Arc<Self>> {
         &mut store.pod_groups
@@ -150,11 +149,7 @@ impl Cached for Namespace {
 impl Cached for PersistentVolumeClaim {
     const KIND: &'static str = "persistentvolumeclaims";
     fn key(&self) -> Option<String> {
-        Some(format!(
-            "{}/{}",
-            self.namespace()?,
-            self.metadata.name.clone()?
-        ))
+        namespaced_key(self)
     }
     fn table(store: &mut Store) -> &mut BTreeMap<String, Arc<Self>> {
         &mut store.claims
@@ -181,8 +176,27 @@ impl Cached for StorageClass {
     }
 }
 
+impl Cached for PodDisruptionBudget {
+    const KIND: &'static str = "poddisruptionbudgets";
+    fn key(&self) -> Option<String> {
+        namespaced_key(self)
+    }
+    fn table(store: &mut Store) -> &mut BTreeMap<String, Arc<Self>> {
+        &mut store.disruption_budgets
+    }
+}
+
+/// `namespace/name`, the key of namespaced tables.
+fn namespaced_key<K: Resource>(object: &K) -> Option<String> {
+    Some(format!(
+        "{}/{}",
+        object.meta().namespace.as_deref()?,
+        object.meta().name.as_deref()?
+    ))
+}
+
 /// Number of watchers (one per table).
-const WATCHERS: usize = 10;
+const WATCHERS: usize = 11;
 
 struct Inner {
     store: RwLock<Store>,
@@ -238,6 +252,7 @@ impl Cache {
             spawn_watcher::<PersistentVolumeClaim>(Api::all(client.clone()), Arc::clone(&inner), 7),
             spawn_watcher::<PersistentVolume>(Api::all(client.clone()), Arc::clone(&inner), 8),
             spawn_watcher::<StorageClass>(Api::all(client.clone()), Arc::clone(&inner), 9),
+            spawn_watcher::<PodDisruptionBudget>(Api::all(client.clone()), Arc::clone(&inner), 10),
         ];
         Self {
             inner,

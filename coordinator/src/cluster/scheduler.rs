@@ -672,6 +672,7 @@ fn pending_category(p: &crate::cycle::PendingExplanation) -> &'static str {
         Reason::GangUnschedulable { .. } => "gang-unschedulable",
         Reason::NoTopologyDomain { .. } | Reason::UnknownTopologyLevel { .. } => "topology",
         Reason::NoReclaimVictims { .. } => "fair-share",
+        Reason::DisruptionBudget { .. } => "disruption-budget",
         Reason::SchedulingGated { .. } => "scheduling-gated",
         Reason::Node(_) => "insufficient-resources",
         Reason::NotReached => "not-reached",

@@ -85,6 +85,11 @@ pub fn build(
         claims: store.claims.values().map(|c| c.as_ref()).collect(),
         volumes: store.volumes.values().map(|v| v.as_ref()).collect(),
         storage_classes: store.storage_classes.values().map(|c| c.as_ref()).collect(),
+        disruption_budgets: store
+            .disruption_budgets
+            .values()
+            .map(|b| b.as_ref())
+            .collect(),
     };
     let mut out = translate::snapshot(&inputs);
     let by_node: BTreeMap<&str, &AgentNode> = agents.iter().map(|a| (a.node.as_str(), a)).collect();

@@ -6,6 +6,7 @@
 //!
 //! The cluster cache stores objects and calls [`snapshot`] once per cycle.
 
+pub mod budgets;
 pub mod constraints;
 pub mod group;
 pub mod keys;
@@ -21,6 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::{
     Namespace, Node as KubeNode, PersistentVolume, PersistentVolumeClaim, Pod as KubePod,
 };
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use k8s_openapi::api::storage::v1::StorageClass;
 
@@ -62,6 +64,8 @@ pub struct Inputs<'a> {
     pub volumes: Vec<&'a PersistentVolume>,
     /// StorageClasses (their binding mode decides whether an unbound claim may wait).
     pub storage_classes: Vec<&'a StorageClass>,
+    /// PodDisruptionBudgets (victims they protect are not chosen).
+    pub disruption_budgets: Vec<&'a PodDisruptionBudget>,
 }
 
 impl Inputs<'_> {
@@ -213,6 +217,7 @@ pub fn snapshot(inputs: &Inputs<'_>) -> Translated {
                     ))
                 })
                 .collect(),
+            disruption_budgets: budgets::translate(&inputs.disruption_budgets, &inputs.pods),
         },
         queue_problems,
         group_problems,

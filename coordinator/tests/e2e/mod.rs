@@ -94,6 +94,15 @@ gpus:
   - {model: A100-80GB, memory_mib: 81920, numa: 0, pci_bus_id: "0000:07:00.0"}
 "#;
 
+/// Two 80 GB A100s, no NVLink: 20 `nvidia.com/gpu` slots at the agent's default 10 per GPU.
+pub const TWO_A100: &str = r#"
+cpu_milli: 64000
+memory_mib: 524288
+gpus:
+  - {model: A100-80GB, memory_mib: 81920, numa: 0, pci_bus_id: "0000:07:00.0"}
+  - {model: A100-80GB, memory_mib: 81920, numa: 0, pci_bus_id: "0000:0f:00.0"}
+"#;
+
 /// What to start.
 pub struct Setup {
     /// Nodes: name and simulated GPU shape (YAML text in the `hack/gpus` format).
@@ -135,6 +144,22 @@ impl Setup {
             gang_grace_seconds: 300,
             kube_scheduler: false,
         }
+    }
+
+    /// One node (`node-a`) with two GPUs ([`TWO_A100`]) and one coordinator.
+    pub fn two_gpus() -> Setup {
+        Setup {
+            nodes: vec![("node-a".into(), TWO_A100)],
+            coordinators: 1,
+            gang_grace_seconds: 300,
+            kube_scheduler: false,
+        }
+    }
+
+    /// Also runs the real kube-scheduler.
+    pub fn with_kube_scheduler(mut self) -> Setup {
+        self.kube_scheduler = true;
+        self
     }
 
     /// Sets the number of coordinator replicas.
@@ -212,7 +237,8 @@ impl E2e {
                 scheduler: setup.kube_scheduler,
                 // The workload controllers too, for tests of pods that controllers own.
                 controllers: Some(
-                    "serviceaccount-controller,replicaset-controller,deployment-controller".into(),
+                    "serviceaccount-controller,replicaset-controller,deployment-controller,disruption-controller"
+                        .into(),
                 ),
                 ..ClusterOptions::default()
             })

@@ -48,14 +48,28 @@ impl Engine<'_> {
         }
     }
 
-    /// Pending (not yet placed) pods of a job.
+    /// Pending (not yet placed) pods of a job. A running pod evicted in this cycle is not
+    /// among them: its eviction deletes it, so it cannot also be bound again, and a gang whose
+    /// running members were taken this cycle waits for the next one instead of starting with
+    /// its new members alone.
     pub(crate) fn job_pending(&self, j: usize) -> Vec<u32> {
         self.jobs[j]
             .pods
             .iter()
             .copied()
-            .filter(|&p| self.st.placed[p as usize].is_none())
+            .filter(|&p| {
+                self.st.placed[p as usize].is_none()
+                    && !(self.st.orig_bound[p as usize] && self.st.evicted[p as usize].is_some())
+            })
             .collect()
+    }
+
+    /// The missing gang members of job `j` that must go together, out of `pending`; `None`
+    /// when fewer are pending than the gang misses (members evicted in this cycle), so no
+    /// partial gang can start.
+    pub(crate) fn gang_part(&self, j: usize, pending: &[u32]) -> Option<usize> {
+        let need = self.gang_need(j);
+        (need <= pending.len()).then_some(need)
     }
 
     /// How many of the job's pending pods must go together (the missing gang members).
@@ -101,7 +115,9 @@ impl Engine<'_> {
         if pending.is_empty() {
             return true;
         }
-        let need = self.gang_need(j).min(pending.len());
+        let Some(need) = self.gang_part(j, &pending) else {
+            return false;
+        };
         let q = self.jobs[j].queue;
         let mut gang_ok = true;
         if need > 0 {

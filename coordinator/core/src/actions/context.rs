@@ -97,6 +97,8 @@ pub struct Ctx<'a> {
     pub spread_cache: crate::constraints::spread::SpreadCache,
     /// Some node has a PreferNoSchedule taint (then every pod ranks nodes by it).
     pub soft_taints: bool,
+    /// PodDisruptionBudgets covering the pods.
+    pub budgets: super::Budgets,
 }
 
 /// What a pod's static constraints are made of; pods with equal keys pass the same nodes.
@@ -196,6 +198,7 @@ impl<'a> Ctx<'a> {
                     .iter()
                     .any(|t| t.effect == crate::model::TaintEffect::PreferNoSchedule)
             }),
+            budgets: super::Budgets::build(snap),
         };
         let mut classes: BTreeMap<StaticKey, u32> = BTreeMap::new();
         let any_static = snap

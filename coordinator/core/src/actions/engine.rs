@@ -65,6 +65,8 @@ pub struct Engine<'a> {
     pub(crate) rank_order: Vec<u32>,
     /// The gang a reclaim is placing (its reclaim rule is decided for the whole gang).
     pub(crate) reclaim_gang: Vec<u32>,
+    /// Disruption budgets that refused a victim set in the current victim search.
+    pub(crate) budget_blocked: std::collections::BTreeSet<u32>,
 }
 
 impl<'a> Engine<'a> {
@@ -119,6 +121,7 @@ impl<'a> Engine<'a> {
             cache_on: false,
             rank_order,
             reclaim_gang: Vec::new(),
+            budget_blocked: std::collections::BTreeSet::new(),
         }
     }
 

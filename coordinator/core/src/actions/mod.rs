@@ -6,6 +6,7 @@
 //! fair share), preempt (inside a queue, by priority).
 
 mod allocate;
+mod budgets;
 mod context;
 mod engine;
 mod explain;
@@ -15,6 +16,7 @@ mod statement;
 mod victims;
 
 pub use allocate::Mode;
+pub use budgets::Budgets;
 pub use context::{Ctx, GroupInfo, PodInfo};
 pub use engine::Engine;
 pub use jobs::Job;

@@ -63,6 +63,8 @@ pub struct State {
     pub group_placed: Vec<u32>,
     /// Nodes that lost a pod to an eviction in this cycle (count).
     pub node_evictions: Vec<u32>,
+    /// Pods bound at the start of the cycle evicted so far, per disruption budget.
+    pub budget_evicted: Vec<u32>,
     log: Vec<Op>,
 }
 
@@ -114,6 +116,7 @@ impl State {
             queue_alloc: vec![[0; 3]; ctx.tree.len()],
             group_placed: vec![0; ctx.groups.len()],
             node_evictions: vec![0; snap.nodes.len()],
+            budget_evicted: vec![0; ctx.budgets.len()],
             log: Vec::new(),
         };
         for (i, p) in snap.pods.iter().enumerate() {
@@ -197,6 +200,7 @@ impl State {
                 } => {
                     self.apply_place(ctx, pod, was);
                     self.evicted[pod as usize] = prev_reason;
+                    self.count_budgets(ctx, pod, false);
                 }
             }
         }
@@ -236,11 +240,25 @@ impl State {
         };
         let prev_reason = self.evicted[p as usize].replace(reason);
         self.node_evictions[was.node as usize] += 1;
+        self.count_budgets(ctx, p, true);
         self.log.push(Op::Evict {
             pod: p,
             was,
             prev_reason,
         });
+    }
+
+    /// Counts an eviction of `p` (or its undoing) against its disruption budgets. Only a pod
+    /// bound when the cycle started is evicted through the API; moving one placed in this
+    /// cycle costs no disruption.
+    fn count_budgets(&mut self, ctx: &Ctx, p: u32, evicted: bool) {
+        if !self.orig_bound[p as usize] {
+            return;
+        }
+        for &b in ctx.budgets.of(p) {
+            let n = &mut self.budget_evicted[b as usize];
+            *n = if evicted { *n + 1 } else { n.saturating_sub(1) };
+        }
     }
 
     fn apply_place(&mut self, ctx: &Ctx, p: u32, placed: Placed) {

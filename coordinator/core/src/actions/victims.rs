@@ -63,11 +63,11 @@ impl Engine<'_> {
 
     /// Mode-specific check of a victim set on node `n` (where `p` is to go) against the
     /// current state.
-    fn victims_ok(&self, p: u32, n: u32, set: &[u32], mode: Mode) -> bool {
+    fn victims_ok(&mut self, p: u32, n: u32, set: &[u32], mode: Mode) -> bool {
         if set.iter().any(|&v| !self.victim_static_ok(p, v)) {
             return false;
         }
-        match mode {
+        let allowed = match mode {
             Mode::Allocate => false,
             Mode::Preempt(q, prio, _) => set.iter().all(|&v| {
                 self.ctx.pods[v as usize].queue == Some(q)
@@ -77,7 +77,32 @@ impl Engine<'_> {
                 set.len() == 1 && self.ctx.pods[set[0] as usize].demand.gpu_count > 0
             }
             Mode::Reclaim(q) => self.reclaim_victims_ok(p, q, n, set),
+        };
+        // A set the other rules allow is still refused by the Eviction API where a disruption
+        // budget has no disruption left: such victims are not chosen, and the waiting pods say
+        // which budgets stopped them.
+        if allowed {
+            let refusing = self.ctx.budgets.refusing(&self.st.budget_evicted, set);
+            if !refusing.is_empty() {
+                self.budget_blocked.extend(refusing);
+                return false;
+            }
         }
+        allowed
+    }
+
+    /// The reason for `gang`'s failed victim search when disruption budgets refused victims
+    /// the other rules allowed (noted on its pods); clears the record for the next search.
+    fn note_budget_block(&mut self, gang: &[u32]) {
+        if self.budget_blocked.is_empty() {
+            return;
+        }
+        let budgets: Vec<String> = std::mem::take(&mut self.budget_blocked)
+            .into_iter()
+            .map(|b| self.ctx.budgets.names[b as usize].clone())
+            .collect();
+        let reason = Reason::DisruptionBudget { budgets };
+        gang.iter().for_each(|&p| self.note(p, reason.clone()));
     }
 
     /// The reclaim rules, per resource. A queue loses (it is on the victims' path but not on
@@ -439,7 +464,7 @@ impl Engine<'_> {
     /// The gang part of job `j` that still waits, if any.
     fn waiting_gang(&self, j: usize) -> Option<Vec<u32>> {
         let pending = self.job_pending(j);
-        let need = self.gang_need(j).min(pending.len());
+        let need = self.gang_part(j, &pending)?;
         (need > 0).then(|| pending[..need].to_vec())
     }
 
@@ -472,12 +497,15 @@ impl Engine<'_> {
                     return;
                 }
                 self.reclaim_gang = gang.clone();
+                self.budget_blocked.clear();
                 let ok = self.try_job(j as usize, Mode::Reclaim(q));
                 self.reclaim_gang.clear();
                 self.record_victim_search(&gang, Mode::Reclaim(q), ok);
                 if !ok {
                     gang.iter().for_each(|&p| self.note(p, blocked.clone()));
+                    self.note_budget_block(&gang);
                 }
+                self.budget_blocked.clear();
             }
         }
     }
@@ -525,8 +553,13 @@ impl Engine<'_> {
                 if tried > self.ctx.cfg.max_victim_jobs {
                     return;
                 }
+                self.budget_blocked.clear();
                 let ok = self.try_job(j as usize, mode);
                 self.record_victim_search(&gang, mode, ok);
+                if !ok {
+                    self.note_budget_block(&gang);
+                }
+                self.budget_blocked.clear();
             }
         }
     }

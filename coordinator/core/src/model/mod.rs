@@ -25,4 +25,4 @@ pub use pod::{
 };
 pub use queue::{Queue, QueueResource};
 pub use resources::{Resource, Resources};
-pub use snapshot::{Snapshot, TopologyLevels};
+pub use snapshot::{DisruptionBudget, Snapshot, TopologyLevels};

@@ -31,6 +31,23 @@ pub struct Snapshot {
     /// Namespace name → labels, for inter-pod terms with a namespace selector.
     #[serde(default)]
     pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
+    /// PodDisruptionBudgets: how many of their pods may be evicted now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disruption_budgets: Vec<DisruptionBudget>,
+}
+
+/// A PodDisruptionBudget as the Eviction API applies it: an eviction of one of `pods` is
+/// refused once `disruptions_allowed` of them are evicted, and a pod covered by more than
+/// one budget cannot be evicted at all.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DisruptionBudget {
+    /// `namespace/name`, as explanations name it.
+    pub name: String,
+    /// `status.disruptionsAllowed` (0 when the disruption controller has not counted it yet:
+    /// the API server then refuses every eviction it covers).
+    pub disruptions_allowed: u32,
+    /// UIDs of the pods its selector matches.
+    pub pods: Vec<String>,
 }
 
 impl Snapshot {
