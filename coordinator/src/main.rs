@@ -83,6 +83,10 @@ struct RunArgs {
     /// TokenReview) or `none` (development only: any client may report for any node).
     #[arg(long, value_enum, default_value_t = AgentAuth::Tokenreview)]
     agent_auth: AgentAuth,
+    /// Audience agents' tokens must be issued for (a projected ServiceAccount token); empty:
+    /// the API server's own audience, i.e. the agent's ordinary ServiceAccount token.
+    #[arg(long, default_value = "tessera")]
+    agent_token_audience: String,
     /// Usernames allowed to report as agents, comma-separated.
     #[arg(
         long,
@@ -433,7 +437,8 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
         let client = kube::Client::try_from(kube_config)
             .context("building the Kubernetes client (in-cluster config or KUBECONFIG)")?;
         let authenticator = match args.agent_auth {
-            AgentAuth::Tokenreview => Authenticator::token_review(client.clone(), agent_users),
+            AgentAuth::Tokenreview => Authenticator::token_review(client.clone(), agent_users)
+                .with_audience(Some(args.agent_token_audience.clone())),
             AgentAuth::None => {
                 tracing::warn!("agent authentication is off: any client may report for any node");
                 Authenticator::Disabled

@@ -24,6 +24,19 @@ const WAIT: Duration = Duration::from_secs(30);
 /// The agent ServiceAccount's token as the kubelet projects it into the agent pod on `node`
 /// (the real issuer binds it to the pod, so TokenReview names the node).
 async fn agent_token(cluster: &Cluster, client: &kube::Client, node: &str) -> String {
+    agent_token_for(cluster, client, node, &[AUDIENCE]).await
+}
+
+/// The coordinator's token audience, as the chart configures both sides.
+const AUDIENCE: &str = "tessera";
+
+/// Like [`agent_token`], for `audiences` (empty: the API server's own).
+async fn agent_token_for(
+    cluster: &Cluster,
+    client: &kube::Client,
+    node: &str,
+    audiences: &[&str],
+) -> String {
     let _ = cluster.token("tessera-system", "tessera-agent", &[]);
     let n: KubeNode = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}))
@@ -44,7 +57,7 @@ async fn agent_token(cluster: &Cluster, client: &kube::Client, node: &str) -> St
         .create(&PostParams::default(), &p)
         .await
         .unwrap();
-    pod_bound_token(client, "tessera-system", "tessera-agent", &pod, &[]).await
+    pod_bound_token(client, "tessera-system", "tessera-agent", &pod, audiences).await
 }
 
 fn agent_node(dir: &Path) -> Arc<Node> {
@@ -79,7 +92,8 @@ async fn the_real_agent_reports_with_its_token_and_only_for_its_node() {
     let service = tokio::spawn(agents::serve(
         listener,
         registry.clone(),
-        Authenticator::token_review(client, vec![DEFAULT_AGENT_USER.to_string()]),
+        Authenticator::token_review(client, vec![DEFAULT_AGENT_USER.to_string()])
+            .with_audience(Some(AUDIENCE.into())),
         stop_rx,
     ));
 
@@ -182,5 +196,39 @@ async fn the_real_agent_reports_with_its_token_and_only_for_its_node() {
         .unwrap()
         .unwrap()
         .unwrap();
+    drop(api);
+}
+
+#[tokio::test]
+async fn a_token_for_the_api_server_is_not_accepted_by_the_coordinator() {
+    let api = Cluster::start(ClusterOptions::default());
+    let client = api.admin().await;
+    let auth = Authenticator::token_review(client.clone(), vec![DEFAULT_AGENT_USER.to_string()])
+        .with_audience(Some(AUDIENCE.into()));
+    // The agent pod's ordinary token (the API server's audience), bound to its node.
+    let ordinary = agent_token_for(&api, &client, "node-a", &[]).await;
+    let error = auth
+        .authenticate(Some(&format!("Bearer {ordinary}")))
+        .await
+        .expect_err("a token for the API server is refused");
+    let text = error.to_string();
+    assert!(
+        text.contains("audience \"tessera\"") && text.contains("--coordinator-token-file"),
+        "{text}"
+    );
+    // The projected token for the coordinator's audience is accepted, bound to its node.
+    let projected = pod_bound_token(
+        &client,
+        "tessera-system",
+        "tessera-agent",
+        "agent-node-a",
+        &[AUDIENCE],
+    )
+    .await;
+    let identity = auth
+        .authenticate(Some(&format!("Bearer {projected}")))
+        .await
+        .expect("the coordinator's own token");
+    assert_eq!(identity.node.as_deref(), Some("node-a"));
     drop(api);
 }

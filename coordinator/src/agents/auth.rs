@@ -44,6 +44,17 @@ impl Authenticator {
         ))
     }
 
+    /// Accepts only tokens issued for `audience` (a projected ServiceAccount token with that
+    /// audience); `None` or empty: the API server's own audience. A token minted for the API
+    /// server then cannot be replayed to the coordinator, nor the agent's coordinator token to
+    /// the API server.
+    pub fn with_audience(self, audience: Option<String>) -> Self {
+        match self {
+            Self::TokenReview(auth) => Self::TokenReview(auth.audience(audience)),
+            other => other,
+        }
+    }
+
     /// Checks the `authorization` value of a stream.
     pub async fn authenticate(&self, authorization: Option<&str>) -> Result<Identity, AuthError> {
         match self {
@@ -146,6 +157,8 @@ impl AuthError {
 pub struct TokenReviewAuth {
     client: kube::Client,
     allowed_users: Arc<Vec<String>>,
+    /// The audience tokens must be issued for; `None`: the API server's.
+    audience: Option<String>,
     ttl: Duration,
     cache: Arc<Mutex<HashMap<String, (Identity, Instant)>>>,
 }
@@ -154,6 +167,7 @@ impl std::fmt::Debug for TokenReviewAuth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TokenReviewAuth")
             .field("allowed_users", &self.allowed_users)
+            .field("audience", &self.audience)
             .field("ttl", &self.ttl)
             .finish()
     }
@@ -170,9 +184,16 @@ impl TokenReviewAuth {
         Self {
             client,
             allowed_users: Arc::new(allowed_users),
+            audience: None,
             ttl,
             cache: Arc::new(Mutex::new(HashMap::new())),
         }
+    }
+
+    /// Accepts only tokens for `audience` (see [`Authenticator::with_audience`]).
+    pub fn audience(mut self, audience: Option<String>) -> Self {
+        self.audience = audience.filter(|a| !a.trim().is_empty());
+        self
     }
 
     /// Checks an `authorization` metadata value (`Bearer <token>`).
@@ -204,7 +225,7 @@ impl TokenReviewAuth {
         let review = TokenReview {
             spec: TokenReviewSpec {
                 token: token.to_owned(),
-                ..Default::default()
+                audiences: self.audience.clone().map(|a| vec![a]),
             },
             ..Default::default()
         };
@@ -214,12 +235,24 @@ impl TokenReviewAuth {
             .map_err(|e| AuthError::Unavailable(e.to_string()))?;
         let status = answer.status.unwrap_or_default();
         if status.authenticated != Some(true) {
-            return Err(AuthError::Rejected(
-                status
-                    .error
-                    .filter(|e| !e.is_empty())
-                    .unwrap_or_else(|| "not authenticated".to_owned()),
-            ));
+            let error = status
+                .error
+                .filter(|e| !e.is_empty())
+                .unwrap_or_else(|| "not authenticated".to_owned());
+            return Err(match &self.audience {
+                Some(audience) => AuthError::Rejected(format!(
+                    "{error} (the coordinator accepts only tokens for audience {audience:?}: mount a projected ServiceAccount token with that audience in the agent pod and pass it with --coordinator-token-file)"
+                )),
+                None => AuthError::Rejected(error),
+            });
+        }
+        // The API server answers with the requested audiences the token is valid for.
+        if let Some(audience) = &self.audience
+            && !status.audiences.iter().flatten().any(|a| a == audience)
+        {
+            return Err(AuthError::Rejected(format!(
+                "the token is not issued for audience {audience:?}"
+            )));
         }
         let user = status.user.unwrap_or_default();
         let username = user.username.unwrap_or_default();

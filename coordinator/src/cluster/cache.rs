@@ -18,9 +18,9 @@ use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVo
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
 use k8s_openapi::api::storage::v1::StorageClass;
+use kube::Resource;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::Resource;
 use parking_lot::{Mutex, RwLock};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;

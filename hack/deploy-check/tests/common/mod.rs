@@ -38,6 +38,9 @@ pub const COORDINATOR_SA: &str = "tessera-coordinator";
 pub const AGENT_SA: &str = "tessera-agent";
 /// The agents' ServiceAccount user, as the chart passes it in `--agent-users`.
 pub const AGENT_USER: &str = "system:serviceaccount:tessera-system:tessera-agent";
+/// `agent.tokenAudience` in the chart's values: the coordinator accepts only agent tokens
+/// issued for it.
+pub const TOKEN_AUDIENCE: &str = "tessera";
 /// The Lease the chart's Role lets the coordinator use (values `leaderElection.leaseName`).
 pub const LEASE: &str = "tessera-coordinator";
 
@@ -318,8 +321,10 @@ impl Harness {
             },
             agent_listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
             metrics_listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
-            // The chart's `--agent-auth=tokenreview --agent-users=<agent ServiceAccount>`.
-            authenticator: Authenticator::token_review(client.clone(), vec![AGENT_USER.into()]),
+            // The chart's `--agent-auth=tokenreview --agent-users=<agent ServiceAccount>
+            // --agent-token-audience=tessera`.
+            authenticator: Authenticator::token_review(client.clone(), vec![AGENT_USER.into()])
+                .with_audience(Some(TOKEN_AUDIENCE.into())),
             agent_timeout: Duration::from_secs(30),
             cycle_interval: Duration::from_millis(200),
             ..defaults
@@ -370,7 +375,15 @@ impl Harness {
             .create(&PostParams::default(), &agent_pod)
             .await
             .unwrap_or_else(|e| panic!("agent pod on {}: {e}", spec.name));
-        let token = pod_bound_token(&self.admin, NAMESPACE, AGENT_SA, &pod_name, &[]).await;
+        // The chart's projected coordinator token (audience agent.tokenAudience).
+        let token = pod_bound_token(
+            &self.admin,
+            NAMESPACE,
+            AGENT_SA,
+            &pod_name,
+            &[TOKEN_AUDIENCE],
+        )
+        .await;
         let token_file = dir.join("token");
         std::fs::write(&token_file, token).expect("token file");
         let kubeconfig = tokio::task::block_in_place(|| {
