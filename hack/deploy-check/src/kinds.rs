@@ -146,6 +146,11 @@ pub fn check(doc: &Value) -> Result<Checked, String> {
         ("v1", "ServiceAccount") => round_trip::<core::v1::ServiceAccount>(doc),
         ("v1", "ConfigMap") => round_trip::<core::v1::ConfigMap>(doc),
         ("v1", "Node") => round_trip::<core::v1::Node>(doc),
+        ("v1", "ResourceQuota") => round_trip::<core::v1::ResourceQuota>(doc),
+        ("v1", "Secret") => round_trip::<core::v1::Secret>(doc),
+        ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration") => round_trip::<
+            k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration,
+        >(doc),
         ("apps/v1", "Deployment") => round_trip::<apps::v1::Deployment>(doc),
         ("apps/v1", "DaemonSet") => round_trip::<apps::v1::DaemonSet>(doc),
         ("apps/v1", "StatefulSet") => round_trip::<apps::v1::StatefulSet>(doc),

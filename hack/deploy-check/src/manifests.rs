@@ -105,7 +105,7 @@ pub fn generate(repo: &Path) -> Result<Vec<Generated>, ChartError> {
         release.name, release.namespace, chart.meta.name, chart.meta.version
     ));
     main.push_str(&format!(
-        "---\n# Source: (namespace of the release)\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: {}\n",
+        "---\n# Source: (namespace of the release)\n# The agent needs the privileged Pod Security level (host PID namespace, host paths).\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: {}\n  labels:\n    pod-security.kubernetes.io/enforce: privileged\n    pod-security.kubernetes.io/audit: privileged\n    pod-security.kubernetes.io/warn: privileged\n",
         release.namespace
     ));
     main.push_str(rendered.trim_start_matches('\n'));

@@ -675,6 +675,12 @@ async fn helm_install_creates_every_object_of_the_chart() {
                 .get(name)
                 .await
                 .is_ok(),
+            "ResourceQuota" => {
+                Api::<k8s_openapi::api::core::v1::ResourceQuota>::namespaced(client.clone(), ns)
+                    .get(name)
+                    .await
+                    .is_ok()
+            }
             "Secret" => Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), ns)
                 .get(name)
                 .await

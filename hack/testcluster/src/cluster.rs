@@ -20,6 +20,8 @@ pub struct ClusterOptions {
     pub controllers: Option<String>,
     /// Keep the API server's audit log (see [`Cluster::audit`]).
     pub audit: bool,
+    /// Extra kube-apiserver flags, e.g. `--admission-control-config-file=PATH`.
+    pub apiserver_args: Vec<String>,
 }
 
 /// One completed request, from the API server's own audit log.
@@ -79,6 +81,9 @@ impl Cluster {
         }
         if let Some(c) = &options.controllers {
             cmd.arg(format!("--controllers={c}"));
+        }
+        for a in &options.apiserver_args {
+            cmd.arg(format!("--apiserver-arg={a}"));
         }
         let out = File::create(&log).expect("cluster log");
         let mut child = cmd
