@@ -84,6 +84,9 @@ enum Command {
 
 #[derive(Args, Debug)]
 struct RunArgs {
+    /// Log line format: human-readable `text`, or one JSON object per line.
+    #[arg(long, value_enum, default_value_t = LogFormatArg::Text)]
+    log_format: LogFormatArg,
     /// This node's name (the downward API's spec.nodeName).
     #[arg(long, env = "NODE_NAME")]
     node_name: String,
@@ -230,14 +233,31 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LogFormatArg {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
 async fn run(args: RunArgs) -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    // The coordinator's JSON layout (tracing-subscriber's), so one collector parses both.
+    let installed = match args.log_format {
+        LogFormatArg::Text => logs.try_init(),
+        LogFormatArg::Json => logs
+            .json()
+            .with_current_span(false)
+            .with_span_list(true)
+            .try_init(),
+    };
+    installed.map_err(|e| anyhow::anyhow!("installing the log subscriber: {e}"))?;
     let coordinator = match args.coordinator.as_str() {
         "none" => None,
         addr if addr.starts_with("http://") || addr.starts_with("https://") => {

@@ -225,3 +225,52 @@ fn probe_reads_the_backend_without_an_agent() {
     assert!(!ok);
     assert!(err.contains("--events-secs"), "{err}");
 }
+
+#[test]
+fn json_logs_are_one_object_per_line_in_the_coordinators_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("dp")).unwrap();
+    // No kubelet socket: the agent starts, logs that it waits for it, and keeps running.
+    let mut child = Command::new(BIN)
+        .args(["run", "--log-format", "json", "--node-name", "node-a"])
+        .args([
+            "--no-kube",
+            "--coordinator",
+            "none",
+            "--metrics-addr",
+            "none",
+        ])
+        .arg("--gpu-backend")
+        .arg(format!("sim:{}", shape("l40s-4x-pcie.yaml").display()))
+        .arg("--device-plugin-dir")
+        .arg(dir.path().join("dp"))
+        .arg("--pod-resources-socket")
+        .arg(dir.path().join("pr.sock"))
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .arg("--admin-socket")
+        .arg(dir.path().join("admin.sock"))
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!lines.is_empty(), "no log lines");
+    for line in lines {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(
+            v["level"].is_string() && v["fields"]["message"].is_string(),
+            "{line}"
+        );
+        assert!(
+            v["timestamp"].as_str().is_some_and(|t| t.ends_with('Z')),
+            "{line}"
+        );
+    }
+}
