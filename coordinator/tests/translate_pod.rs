@@ -382,10 +382,37 @@ fn bad_input_on_a_spec_field_names_it() {
         .iter()
         .map(|e| e.field.as_str())
         .collect();
-    assert!(fields.contains(&"spec.priorityClassName"), "{fields:?}");
-    assert!(
-        fields.contains(&"spec.containers[1].resources.limits.nvidia.com/gpu"),
-        "{fields:?}"
+    assert_eq!(fields, vec!["spec.priorityClassName"]);
+    // Whole GPUs in two containers: the pod takes both, the kubelet gives each its own.
+    assert_eq!(t.pod.gpu.count, 2);
+    // A GPU share goes to one container: a second one asking is named.
+    let mut shared = p.clone();
+    shared.metadata.annotations =
+        Some([("tessera.dev/gpu-fraction".to_owned(), "0.5".to_owned())].into());
+    let t = run(&shared);
+    let e = t
+        .pod
+        .input_errors
+        .iter()
+        .find(|e| e.field == "spec.containers[1].resources.limits.nvidia.com/gpu")
+        .expect("the second container is named");
+    assert!(e.message.contains("goes to one container"), "{}", e.message);
+}
+
+#[test]
+fn init_containers_count_toward_our_pods_whole_gpus() {
+    let p: KubePod = serde_json::from_value(json!({
+        "metadata": {"name": "p", "uid": "u"},
+        "spec": {"schedulerName": "tessera",
+                 "initContainers": [{"name": "warm", "resources": {"limits": {"nvidia.com/gpu": "3"}}}],
+                 "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+    }))
+    .unwrap();
+    let t = run(&p);
+    assert!(t.pod.input_errors.is_empty(), "{:?}", t.pod.input_errors);
+    assert_eq!(
+        t.pod.gpu.count, 3,
+        "the init container's three, reused by main"
     );
 }
 

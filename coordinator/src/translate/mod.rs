@@ -8,6 +8,7 @@
 
 pub mod budgets;
 pub mod constraints;
+pub mod containers;
 pub mod group;
 pub mod keys;
 pub mod node;

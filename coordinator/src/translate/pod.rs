@@ -146,7 +146,7 @@ pub fn translate(pod: &KubePod, ctx: &PodContext) -> Option<TranslatedPod> {
     let cpu_milli = requested.get("cpu").copied().unwrap_or(0);
     let memory_mib = requests::mib(requested.get("memory").copied().unwrap_or(0));
     let (gpu, gpu_container) = if ours {
-        gpu_request(spec.containers.as_slice(), annotations, &mut errors)
+        gpu_request(spec, &requested, annotations, &mut errors)
     } else {
         // Another scheduler's pod holds whole GPUs (our annotations are not for it), as many
         // as the kubelet's device manager gives it: the app containers' sum, or the largest
@@ -156,7 +156,7 @@ pub fn translate(pod: &KubePod, ctx: &PodContext) -> Option<TranslatedPod> {
             .get(keys::GPU_RESOURCE)
             .map_or(0, |milli| milli.div_ceil(1000));
         let mut ignored = Vec::new();
-        let (_, container) = gpu_count(spec.containers.as_slice(), &mut ignored);
+        let (_, container, _) = gpu_count("containers", spec.containers.as_slice(), &mut ignored);
         (
             GpuRequest {
                 count: u32::try_from(whole).unwrap_or(u32::MAX),
@@ -240,13 +240,16 @@ pub fn translate(pod: &KubePod, ctx: &PodContext) -> Option<TranslatedPod> {
     let placement = node.map(|node| {
         let assignment = match lookup(annotations, &[keys::ASSIGNMENT]) {
             None => Assignment::default(),
-            Some((_, text)) => Assignment::from_json(text).unwrap_or_else(|e| {
-                warnings.push(err(
-                    keys::ASSIGNMENT,
-                    format!("unreadable ({e}); treating the pod as holding whole GPUs"),
-                ));
-                Assignment::default()
-            }),
+            // Each GPU once: containers reusing an init container's GPU name it again.
+            Some((_, text)) => Assignment::from_json(text)
+                .map(|a| super::containers::merged(&a))
+                .unwrap_or_else(|e| {
+                    warnings.push(err(
+                        keys::ASSIGNMENT,
+                        format!("unreadable ({e}); treating the pod as holding whole GPUs"),
+                    ));
+                    Assignment::default()
+                }),
         };
         Placement {
             node: node.to_string(),
@@ -376,11 +379,15 @@ fn request_of<'a>(c: &'a Container, resource: &str) -> Option<(&'static str, &'a
         .map(|q| ("limits", q))
 }
 
-/// Whole-GPU count from `nvidia.com/gpu` and the container that receives them (the first one
-/// asking; the first container when none asks).
-fn gpu_count(containers: &[Container], errors: &mut Vec<InputError>) -> (u32, String) {
+/// Whole-GPU count of the first container asking for `nvidia.com/gpu`, that container (the
+/// first container when none asks), and every container asking, in order.
+fn gpu_count(
+    kind: &str,
+    containers: &[Container],
+    errors: &mut Vec<InputError>,
+) -> (u32, String, Vec<(String, String)>) {
     let mut count = 0u32;
-    let mut receiver: Option<String> = None;
+    let mut asking: Vec<(String, String)> = Vec::new();
     for (i, c) in containers.iter().enumerate() {
         let Some((which, q)) = request_of(c, keys::GPU_RESOURCE).map(|(w, q)| {
             // The limit is what counts for extended resources; requests must equal it.
@@ -393,25 +400,14 @@ fn gpu_count(containers: &[Container], errors: &mut Vec<InputError>) -> (u32, St
         }) else {
             continue;
         };
-        let field = format!(
-            "spec.containers[{i}].resources.{which}.{}",
-            keys::GPU_RESOURCE
-        );
+        let field = format!("spec.{kind}[{i}].resources.{which}.{}", keys::GPU_RESOURCE);
         match q.0.trim().parse::<u32>() {
             Ok(0) => {}
             Ok(n) => {
-                if let Some(first) = &receiver {
-                    errors.push(err(
-                        &field,
-                        format!(
-                            "containers {first:?} and {:?} both request GPUs; Tessera gives a pod's GPUs to one container, so request them in one",
-                            c.name
-                        ),
-                    ));
-                } else {
-                    receiver = Some(c.name.clone());
+                if asking.is_empty() {
                     count = n;
                 }
+                asking.push((c.name.clone(), field));
             }
             Err(_) => errors.push(err(
                 &field,
@@ -423,20 +419,30 @@ fn gpu_count(containers: &[Container], errors: &mut Vec<InputError>) -> (u32, St
             )),
         }
     }
-    let receiver = receiver
+    let receiver = asking
+        .first()
+        .map(|(name, _)| name.clone())
         .or_else(|| containers.first().map(|c| c.name.clone()))
         .unwrap_or_default();
-    (count, receiver)
+    (count, receiver, asking)
 }
 
 /// The GPU request of one of our pods: the count, and the per-GPU share from the fraction or
 /// memory annotation.
 fn gpu_request(
-    containers: &[Container],
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+    requested: &requests::MilliAmounts,
     annotations: Option<&BTreeMap<String, String>>,
     errors: &mut Vec<InputError>,
 ) -> (GpuRequest, String) {
-    let (mut count, container) = gpu_count(containers, errors);
+    let (mut count, container, mut asking) =
+        gpu_count("containers", spec.containers.as_slice(), errors);
+    let (_, _, init_asking) = gpu_count(
+        "initContainers",
+        spec.init_containers.as_deref().unwrap_or_default(),
+        errors,
+    );
+    asking.extend(init_asking);
     let fraction = lookup(annotations, &[keys::GPU_FRACTION, keys::GPU_FRACTION_ALIAS]);
     let memory = lookup(annotations, &[keys::GPU_MEMORY, keys::GPU_MEMORY_ALIAS]);
     let devices = lookup(annotations, &[keys::GPU_FRACTION_NUM_DEVICES_ALIAS]);
@@ -469,6 +475,11 @@ fn gpu_request(
             }
         },
         (None, None) => {
+            // Whole GPUs: as many as the kubelet's device manager takes for the pod, however
+            // its containers split them (`containers::split` writes who gets which).
+            count = requested.get(keys::GPU_RESOURCE).map_or(count, |milli| {
+                u32::try_from(milli.div_ceil(1000)).unwrap_or(u32::MAX)
+            });
             if let Some((key, _)) = devices {
                 errors.push(err(
                     key,
@@ -488,6 +499,17 @@ fn gpu_request(
             );
         }
     };
+    // A share of a GPU is one container's.
+    if let [(first, _), (second, field), ..] = asking.as_slice() {
+        errors.push(err(
+            field,
+            format!(
+                "containers {first:?} and {second:?} both request GPUs, but a GPU share ({} or {}) goes to one container; request nvidia.com/gpu in one, or ask for whole GPUs",
+                keys::GPU_FRACTION,
+                keys::GPU_MEMORY
+            ),
+        ));
+    }
     if let Some((key, v)) = devices {
         match v.trim().parse::<u32>() {
             Ok(n) if n >= 1 => {
