@@ -4,17 +4,16 @@
 //! mark where a test needs it. The nodes' kubelets end deleted pods, as real ones do, so an
 //! eviction completes.
 
+mod fault_proxy;
+
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
+use fault_proxy::{Fault, FaultProxy};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use kube::client::Body;
 use serde_json::json;
 use tessera_coordinator::agents::AgentRegistry;
 use tessera_coordinator::cluster::leader::LeaseConfig;
@@ -108,6 +107,7 @@ impl Env {
             registry: Some(self.registry.clone()),
             agent_timeout: Duration::from_secs(3600),
             cycle_interval: Duration::from_millis(200),
+            bind_call_timeout: Duration::from_secs(2),
             ..CoordinatorConfig::default()
         }
     }
@@ -334,56 +334,13 @@ async fn pods_are_bound_with_assignments_and_events() {
     drop(env);
 }
 
-/// A client in front of the real one that answers `POST .../pods/<name>/binding` with 500 for
-/// one pod and passes everything else to the API server: the API rejecting one bind.
-#[derive(Clone)]
-struct RejectBinding {
-    inner: kube::Client,
-    pod: Arc<str>,
-}
-
-impl tower::Service<http::Request<Body>> for RejectBinding {
-    type Response = http::Response<Body>;
-    type Error = kube::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        let path = req.uri().path().to_owned();
-        if req.method() == http::Method::POST
-            && path.ends_with(&format!("/pods/{}/binding", self.pod))
-        {
-            let body = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                              "message": "injected failure", "reason": "InternalError", "code": 500});
-            let response = http::Response::builder()
-                .status(500)
-                .header("content-type", "application/json")
-                .body(Body::from(serde_json::to_vec(&body).unwrap()))
-                .unwrap();
-            return Box::pin(async move { Ok(response) });
-        }
-        let inner = self.inner.clone();
-        Box::pin(async move { inner.send(req).await })
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gang_with_a_rejected_bind_is_not_left_partial() {
-    let mut env = env().await;
-    env.node("n1", 4).await;
-    env.node("n2", 4).await;
-    let client = kube::Client::new(
-        RejectBinding {
-            inner: env.client.clone(),
-            pod: Arc::from("gang-2"),
-        },
-        "default",
-    );
-    let coordinator = env.start_with(client, "c1").await;
-    let _agent = env.allocate_bound_pods();
+/// Starts the coordinator behind a fault proxy, creates a gang of three whose second Binding
+/// suffers `fault`, and waits until no member is bound any more and the one bound first has
+/// been evicted with the gang named; returns the proxy.
+async fn gang_with_a_failed_bind(env: &Env, fault: Fault) -> (FaultProxy, CoordinatorHandle) {
+    let proxy = FaultProxy::start(env.client.clone()).await;
+    let coordinator = env.start_with(proxy.client(), "c1").await;
+    proxy.on_nth_binding(2, fault);
     for i in 0..3 {
         env.create_pod(
             &format!("gang-{i}"),
@@ -393,41 +350,93 @@ async fn a_gang_with_a_rejected_bind_is_not_left_partial() {
         )
         .await;
     }
-    // A pod outside the gang is unaffected.
-    env.create_pod("solo", 1, json!({}), json!({})).await;
-    bound(&env, "solo").await;
-    eventually("the rejected bind reported", || async {
-        env.events_for("gang-2")
+    let first = eventually("the first Binding", || async {
+        proxy.bindings().first().cloned()
+    })
+    .await;
+    eventually(&format!("{first} to be evicted as a partial gang"), || {
+        evicted_as_partial_gang(env, &first)
+    })
+    .await;
+    (proxy, coordinator)
+}
+
+/// The event of `name`'s eviction as a member of a gang that could not be bound whole.
+async fn evicted_as_partial_gang(env: &Env, name: &str) -> Option<Event> {
+    env.events_for(name).await.into_iter().find(|e| {
+        e.reason.as_deref() == Some("Evicted")
+            && e.message.as_deref().unwrap_or("").contains("partial gang")
+    })
+}
+
+/// Whether any of the gang's pods is bound now.
+async fn any_gang_member_bound(env: &Env) -> bool {
+    for i in 0..3 {
+        if let Some(p) = env.get(&format!("gang-{i}")).await
+            && node_of(&p).is_some()
+            && p.metadata.deletion_timestamp.is_none()
+        {
+            return true;
+        }
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_with_a_throttled_bind_is_not_left_partial() {
+    let mut env = env().await;
+    env.node("n1", 4).await;
+    env.node("n2", 4).await;
+    let _agent = env.allocate_bound_pods();
+    let (proxy, coordinator) = gang_with_a_failed_bind(&env, Fault::Throttle).await;
+    let throttled = proxy.bindings()[1].clone();
+    eventually("the throttled bind reported", || async {
+        env.events_for(&throttled)
             .await
             .into_iter()
             .find(|e| e.reason.as_deref() == Some("FailedBinding"))
     })
     .await;
-    // Whatever was bound before the failure is evicted; the gang never runs partially.
     eventually("no gang member left bound", || async {
-        let mut any_bound = false;
-        for i in 0..3 {
-            if let Some(p) = env.get(&format!("gang-{i}")).await {
-                any_bound |= node_of(&p).is_some();
-            }
-        }
-        (!any_bound).then_some(())
+        (!any_gang_member_bound(&env).await).then_some(())
     })
     .await;
-    assert!(node_of(&env.get("gang-2").await.unwrap()).is_none());
-    for i in 0..2 {
-        let name = format!("gang-{i}");
-        if env.get(&name).await.is_none() {
-            let evicted = env.events_for(&name).await.into_iter().any(|e| {
-                e.reason.as_deref() == Some("Evicted")
-                    && e.message.as_deref().unwrap_or("").contains("partial gang")
-            });
-            assert!(
-                evicted,
-                "{name} is gone without an Evicted event naming the gang"
-            );
-        }
-    }
+    assert!(node_of(&env.get(&throttled).await.unwrap()).is_none());
+    // The third member was never tried, and the gang is not tried again: its first member
+    // is gone, so it can no longer be whole.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(proxy.bindings().len(), 2, "{:?}", proxy.bindings());
+    // A pod outside the gang is unaffected.
+    env.create_pod("solo", 1, json!({}), json!({})).await;
+    bound(&env, "solo").await;
+    coordinator.shutdown().await;
+    drop(env);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_bind_answered_too_late_is_rolled_back_once_it_lands() {
+    let mut env = env().await;
+    env.node("n1", 4).await;
+    env.node("n2", 4).await;
+    let _agent = env.allocate_bound_pods();
+    // The coordinator gives up on a Binding after 2 s (see `config`); this one is applied
+    // after 5 s, when the unit has already been rolled back.
+    let (proxy, coordinator) =
+        gang_with_a_failed_bind(&env, Fault::Delay(Duration::from_secs(5))).await;
+    let late = proxy.bindings()[1].clone();
+    eventually(&format!("{late}'s late bind to land"), || async {
+        env.get(&late).await.and_then(|p| node_of(&p))
+    })
+    .await;
+    eventually(&format!("{late} to be rolled back once bound"), || {
+        evicted_as_partial_gang(&env, &late)
+    })
+    .await;
+    eventually("no gang member left bound", || async {
+        (!any_gang_member_bound(&env).await).then_some(())
+    })
+    .await;
+    assert_eq!(proxy.bindings().len(), 2, "{:?}", proxy.bindings());
     coordinator.shutdown().await;
     drop(env);
 }
@@ -668,8 +677,9 @@ async fn a_new_leader_rebuilds_from_the_api_without_binding_twice() {
         m
     };
     first.kill();
-    // The old leader died between writing an assignment and binding: a stale annotation on an
-    // unbound pod, naming GPUs a running pod holds.
+    // A stale assignment on an unbound pod, naming GPUs a running pod holds (as an earlier
+    // coordinator version, which annotated before binding, could leave when it died between
+    // the two writes): the Binding's own annotation replaces it.
     let held = before["gang-0"].1.clone().unwrap();
     env.create_pod(
         "orphan",

@@ -14,6 +14,12 @@
 //! tells such pods apart only by their slot count. Held decisions keep their place in the
 //! snapshots meanwhile and are bound as soon as their node is clear.
 //!
+//! A unit that cannot be bound whole goes through one path, `fail_unit`, whatever
+//! the cause (a Binding refused, throttled or unanswered, a node not clear in time, a held
+//! member given up): members not bound stay unbound, members bound are evicted, and what the
+//! API server would not evict yet, or a Binding that got no answer and may still land, is
+//! rolled back in a later cycle once the cache shows the pod bound.
+//!
 //! Logical time (`Snapshot::now`) is wall-clock Unix seconds, the clock of pods' creation
 //! times, so every replica agrees on it. Stale-gang timing (`below_min_member_since`) is kept
 //! in memory: a new leader starts it afresh, which delays a stale-gang eviction by at most one
@@ -45,6 +51,9 @@ const BIND_MEMORY: Duration = Duration::from_secs(300);
 /// A unit whose bind failed is not bound again for this long (the API keeps refusing it, or
 /// the cache must catch up first).
 const BIND_BACKOFF: Duration = Duration::from_secs(1);
+/// A pending rollback whose pod the cache has not shown bound for this long is dropped: an
+/// unanswered Binding that the server was going to apply has been applied by then.
+const ROLLBACK_WATCH: Duration = Duration::from_secs(60);
 /// Changes arriving in a burst (a Job creating its pods) are taken in one cycle.
 const SETTLE: Duration = Duration::from_millis(30);
 
@@ -57,8 +66,6 @@ struct Decided {
     assignment: Assignment,
     since: Instant,
     state: DecidedState,
-    /// Its `tessera.dev/assignment` is written; the Binding may follow.
-    annotated: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -69,13 +76,38 @@ enum DecidedState {
     Held { victims: BTreeSet<String> },
 }
 
+/// A unit with members still held.
+#[derive(Default)]
+struct Unit {
+    /// Every member's uid (bound or held).
+    members: BTreeSet<String>,
+    /// The members this replica bound in earlier waves, which a failure must roll back: once
+    /// the cache shows them bound they are no longer in `decided`. Their `reason` and `since`
+    /// are set when the unit fails.
+    bound: BTreeMap<String, Rollback>,
+}
+
+/// A pod to roll back because its unit could not be bound whole.
+#[derive(Clone, Debug)]
+struct Rollback {
+    target: EvictTarget,
+    /// The node this replica bound it (or asked to bind it) to.
+    node: String,
+    reason: String,
+    since: Instant,
+}
+
 /// The loop's memory; cleared when leadership changes.
 #[derive(Default)]
 struct State {
     decided: BTreeMap<String, Decided>,
-    /// Units with held members: unit → every member uid (bound or held).
-    units: BTreeMap<String, BTreeSet<String>>,
+    /// Units with held members.
+    units: BTreeMap<String, Unit>,
     evicting: BTreeMap<String, Instant>,
+    /// Members of failed units still to be rolled back: evictions the API server throttled
+    /// or did not answer, and Bindings that went unanswered (the server may apply them late).
+    /// Each is evicted once the cache shows it bound to the node it was meant for.
+    rollbacks: BTreeMap<String, Rollback>,
     /// Pods of units whose bind failed, and until when they are not bound again.
     backoff: BTreeMap<String, Instant>,
     below_min_since: BTreeMap<(String, String), u64>,
@@ -105,7 +137,8 @@ impl Scheduler {
     ) -> Self {
         let events = EventWriter::new(client.clone(), &config.scheduler_name, &config.identity);
         Self {
-            binder: Binder::new(client.clone(), events.clone()),
+            binder: Binder::new(client.clone(), events.clone())
+                .with_call_timeout(config.bind_call_timeout),
             status: StatusWriter::new(client, events),
             config,
             cache,
@@ -166,6 +199,7 @@ impl Scheduler {
     async fn cycle(&mut self) {
         let store = self.cache.store();
         self.expire(&store);
+        self.retry_rollbacks(&store).await;
         let mut bound_now = BTreeSet::new();
         self.release_held(&store, &mut bound_now).await;
 
@@ -187,7 +221,18 @@ impl Scheduler {
                     )
                 })
                 .collect(),
-            evicting: self.state.evicting.keys().cloned().collect(),
+            // A bound member waiting for its rollback is leaving: nothing is built on it. One
+            // whose Binding went unanswered and that is still unbound may be placed again.
+            evicting: self
+                .state
+                .evicting
+                .keys()
+                .chain(self.state.rollbacks.iter().filter_map(|(uid, r)| {
+                    let pod = store.pods.get(uid)?;
+                    (node_of(pod) == Some(r.node.as_str())).then_some(uid)
+                }))
+                .cloned()
+                .collect(),
             below_min_member_since: self.state.below_min_since.clone(),
         };
         let now = jiff::Timestamp::now().as_second().max(0) as u64;
@@ -216,7 +261,7 @@ impl Scheduler {
         }
         self.state.below_min_since = below;
 
-        let victims = self.evict(&store, &translated.snapshot, &decisions).await;
+        let victims = self.evict(&translated.snapshot, &decisions).await;
         self.bind(
             &store,
             &translated.snapshot,
@@ -251,8 +296,8 @@ impl Scheduler {
             d.state != DecidedState::Bound || now.duration_since(d.since) < BIND_MEMORY
         });
         let decided = &self.state.decided;
-        self.state.units.retain(|_, members| {
-            members.iter().any(|m| {
+        self.state.units.retain(|_, unit| {
+            unit.members.iter().any(|m| {
                 decided
                     .get(m)
                     .is_some_and(|d| matches!(d.state, DecidedState::Held { .. }))
@@ -263,7 +308,6 @@ impl Scheduler {
     /// Evicts what the core decided; returns the evicted pods per node.
     async fn evict(
         &mut self,
-        store: &Store,
         snap: &crate::model::Snapshot,
         decisions: &Decisions,
     ) -> BTreeMap<String, BTreeSet<String>> {
@@ -292,17 +336,12 @@ impl Scheduler {
                     .state
                     .units
                     .iter()
-                    .find(|(_, m)| m.contains(&pod.uid))
+                    .find(|(_, u)| u.members.contains(&pod.uid))
                     .map(|(u, _)| u.clone());
                 match unit {
                     Some(unit) => {
-                        self.fail_unit(
-                            store,
-                            &unit,
-                            "a member waiting for its node was given up",
-                            &BTreeSet::new(),
-                        )
-                        .await;
+                        self.fail_unit(&unit, "a member waiting for its node was given up", None)
+                            .await;
                     }
                     None => {
                         self.state.decided.remove(&pod.uid);
@@ -412,11 +451,10 @@ impl Scheduler {
                     assignment: b.assignment.clone(),
                     since: now,
                     state: DecidedState::Held { victims: held_for },
-                    annotated: false,
                 },
             );
-            let members = self.state.units.entry(unit.clone()).or_default();
-            members.insert(b.pod.clone());
+            let entry = self.state.units.entry(unit.clone()).or_default();
+            entry.members.insert(b.pod.clone());
             if !order.contains(&unit) {
                 order.push(unit);
             }
@@ -441,7 +479,7 @@ impl Scheduler {
     }
 
     async fn release_unit(&mut self, store: &Store, unit: &str, bound_now: &mut BTreeSet<String>) {
-        let Some(members) = self.state.units.get(unit).cloned() else {
+        let Some(members) = self.state.units.get(unit).map(|u| u.members.clone()) else {
             return;
         };
         let timeout = self.config.bind_wait_timeout;
@@ -454,47 +492,12 @@ impl Scheduler {
         });
         if expired {
             self.fail_unit(
-                store,
                 unit,
                 &format!("its node was not clear within {} s", timeout.as_secs()),
-                &BTreeSet::new(),
+                None,
             )
             .await;
             return;
-        }
-        // Every member's assignment is written before any member is bound, even when the
-        // same-count rule binds the unit in several waves.
-        let unannotated: Vec<BindTarget> = members
-            .iter()
-            .filter_map(|uid| {
-                let d = self.state.decided.get(uid)?;
-                if d.annotated || !matches!(d.state, DecidedState::Held { .. }) {
-                    return None;
-                }
-                let pod = store.pods.get(uid)?;
-                Some(BindTarget {
-                    namespace: d.namespace.clone(),
-                    name: d.name.clone(),
-                    uid: uid.clone(),
-                    node: d.node.clone(),
-                    assignment: d.assignment.clone(),
-                    resource_version: pod.metadata.resource_version.clone(),
-                    annotated: false,
-                })
-            })
-            .collect();
-        if !unannotated.is_empty() {
-            if let Err((uid, error)) = self.binder.annotate(&unannotated).await {
-                self.metrics.inc_bind_errors();
-                tracing::warn!(pod = %uid, %error, unit, "assignment write failed; the unit is not bound");
-                self.fail_unit(store, unit, &error, &BTreeSet::new()).await;
-                return;
-            }
-            for t in &unannotated {
-                if let Some(d) = self.state.decided.get_mut(&t.uid) {
-                    d.annotated = true;
-                }
-            }
         }
         let mut pending = unallocated_gpu_pods(store, &self.state.decided);
         let mut wave = Vec::new();
@@ -531,51 +534,54 @@ impl Scheduler {
                 uid: uid.clone(),
                 node: d.node.clone(),
                 assignment: d.assignment.clone(),
-                resource_version: pod.metadata.resource_version.clone(),
-                annotated: d.annotated,
             });
         }
         if wave.is_empty() {
             return;
         }
         let outcome = self.binder.bind_unit(&wave).await;
-        self.after_wave(store, unit, &outcome, bound_now).await;
+        self.after_wave(unit, &wave, &outcome, bound_now).await;
     }
 
     async fn after_wave(
         &mut self,
-        store: &Store,
         unit: &str,
+        wave: &[BindTarget],
         outcome: &UnitOutcome,
         bound_now: &mut BTreeSet<String>,
     ) {
         let now = Instant::now();
-        for uid in &outcome.bound {
-            if let Some(d) = self.state.decided.get_mut(uid) {
+        for t in wave.iter().filter(|t| outcome.bound.contains(&t.uid)) {
+            if let Some(d) = self.state.decided.get_mut(&t.uid) {
                 d.state = DecidedState::Bound;
                 d.since = now;
             }
-            bound_now.insert(uid.clone());
+            // Bound again after an unanswered Binding was given up: this binding is the one
+            // that counts, and it must not be rolled back.
+            self.state.rollbacks.remove(&t.uid);
+            if let Some(u) = self.state.units.get_mut(unit) {
+                u.bound.insert(
+                    t.uid.clone(),
+                    Rollback {
+                        target: t.evict_target(),
+                        node: t.node.clone(),
+                        reason: String::new(),
+                        since: now,
+                    },
+                );
+            }
+            bound_now.insert(t.uid.clone());
         }
         self.metrics.add_pods_placed(outcome.bound.len() as u64);
-        if let Some((uid, error)) = &outcome.failed {
+        if let Some(failure) = &outcome.failed {
             self.metrics.inc_bind_errors();
-            tracing::warn!(pod = %uid, %error, unit, "bind failed; the unit is not bound");
-            for r in &outcome.rolled_back {
-                self.state.evicting.insert(r.clone(), now);
-                self.metrics.add_evictions("gang-bind-failed", 1);
-            }
-            let done: BTreeSet<String> = outcome.rolled_back.iter().cloned().collect();
-            // Members whose rollback the API server kept throttling are still bound, though
-            // neither this replica's state nor (yet) the store says so: fail_unit evicts them.
-            for uid in &outcome.rollback_throttled {
-                if let Some(d) = self.state.decided.get_mut(uid) {
-                    d.state = DecidedState::Bound;
-                }
-            }
-            self.fail_unit(store, unit, error, &done).await;
-        } else if let Some(members) = self.state.units.get(unit)
-            && !members.iter().any(|m| {
+            tracing::warn!(pod = %failure.uid, error = %failure.error, unit, "bind failed; the unit is not bound");
+            let unanswered = wave
+                .iter()
+                .find(|t| failure.maybe_bound && t.uid == failure.uid);
+            self.fail_unit(unit, &failure.error, unanswered).await;
+        } else if let Some(u) = self.state.units.get(unit)
+            && !u.members.iter().any(|m| {
                 self.state
                     .decided
                     .get(m)
@@ -586,52 +592,92 @@ impl Scheduler {
         }
     }
 
-    /// Gives up a unit: forgets its held members and evicts those already bound (except
-    /// `done`, already evicted), so no partial gang runs.
-    async fn fail_unit(&mut self, store: &Store, unit: &str, why: &str, done: &BTreeSet<String>) {
-        let Some(members) = self.state.units.remove(unit) else {
+    /// Gives up a unit, whatever the cause (a refused or unanswered Binding, a node not clear
+    /// in time, a held member given up): the one rollback path, so no partial gang runs.
+    /// Members not bound stay unbound (their decisions are forgotten and backed off); members
+    /// this replica bound are rolled back through [`Binder::roll_back_unit`], and those it
+    /// could not remove yet, with `unanswered` (a Binding that got no answer and may land),
+    /// are kept in `rollbacks` for the next cycles.
+    async fn fail_unit(&mut self, unit: &str, why: &str, unanswered: Option<&BindTarget>) {
+        let Some(state) = self.state.units.remove(unit) else {
             return;
         };
         let reason = format!(
             "gang {unit} could not be bound whole ({why}); evicting the members already bound so no partial gang runs"
         );
-        let until = Instant::now() + BIND_BACKOFF;
-        for uid in members {
+        let now = Instant::now();
+        let until = now + BIND_BACKOFF;
+        for uid in &state.members {
             self.state.backoff.insert(uid.clone(), until);
-            let decided = self.state.decided.remove(&uid);
-            if done.contains(&uid) {
-                continue;
+            self.state.decided.remove(uid);
+        }
+        let bound: Vec<Rollback> = state
+            .bound
+            .into_values()
+            .map(|r| Rollback {
+                reason: reason.clone(),
+                since: now,
+                ..r
+            })
+            .collect();
+        if let Some(t) = unanswered {
+            self.state.rollbacks.insert(
+                t.uid.clone(),
+                Rollback {
+                    target: t.evict_target(),
+                    node: t.node.clone(),
+                    reason: reason.clone(),
+                    since: now,
+                },
+            );
+        }
+        self.roll_back(bound).await;
+    }
+
+    /// Rolls back `members` and remembers the ones to try again.
+    async fn roll_back(&mut self, members: Vec<Rollback>) {
+        let mut by_reason: BTreeMap<String, Vec<Rollback>> = BTreeMap::new();
+        for r in members {
+            by_reason.entry(r.reason.clone()).or_default().push(r);
+        }
+        for (reason, members) in by_reason {
+            let targets: Vec<EvictTarget> = members.iter().map(|r| r.target.clone()).collect();
+            let outcome = self.binder.roll_back_unit(&targets, &reason).await;
+            let now = Instant::now();
+            for uid in &outcome.rolled_back {
+                self.state.rollbacks.remove(uid);
+                self.state.evicting.insert(uid.clone(), now);
+                self.metrics.add_evictions("gang-bind-failed", 1);
             }
-            let stored = store.pods.get(&uid);
-            let bound = decided
-                .as_ref()
-                .is_some_and(|d| d.state == DecidedState::Bound)
-                || stored.is_some_and(|p| node_of(p).is_some());
-            if !bound {
-                continue;
-            }
-            let (namespace, name) = match (&decided, stored) {
-                (Some(d), _) => (d.namespace.clone(), d.name.clone()),
-                (None, Some(p)) => (
-                    p.metadata.namespace.clone().unwrap_or_default(),
-                    p.metadata.name.clone().unwrap_or_default(),
-                ),
-                (None, None) => continue,
-            };
-            let target = EvictTarget {
-                namespace,
-                name,
-                uid: uid.clone(),
-            };
-            match self.binder.evict(&target, &reason).await {
-                Ok(_) => {
-                    self.state.evicting.insert(uid, Instant::now());
-                    self.metrics.add_evictions("gang-bind-failed", 1);
+            for r in members {
+                if outcome.retry.contains(&r.target.uid) {
+                    self.state.rollbacks.insert(r.target.uid.clone(), r);
                 }
-                Err(error) => {
-                    tracing::warn!(pod = %target.name, %error, "could not evict a member of a failed gang")
-                }
             }
+        }
+    }
+
+    /// Tries the pending rollbacks again: each pod the cache shows bound to the node it was
+    /// meant for is rolled back; one that is gone (or replaced under its name) is dropped, and
+    /// so is one still unbound after [`ROLLBACK_WATCH`].
+    async fn retry_rollbacks(&mut self, store: &Store) {
+        if self.state.rollbacks.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let mut due = Vec::new();
+        self.state
+            .rollbacks
+            .retain(|uid, r| match store.pods.get(uid) {
+                None => false,
+                Some(pod) if node_of(pod) == Some(r.node.as_str()) && !is_finished(pod) => {
+                    due.push(r.clone());
+                    true
+                }
+                Some(_) => now.duration_since(r.since) < ROLLBACK_WATCH,
+            });
+        if !due.is_empty() {
+            self.roll_back(due).await;
         }
     }
 
