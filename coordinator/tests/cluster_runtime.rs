@@ -133,14 +133,31 @@ impl Env {
         annotations: serde_json::Value,
         labels: serde_json::Value,
     ) {
+        self.create_pod_with(name, gpus, annotations, labels, json!({}))
+            .await;
+    }
+
+    /// [`Env::create_pod`] with more fields in the pod's spec.
+    async fn create_pod_with(
+        &self,
+        name: &str,
+        gpus: u32,
+        annotations: serde_json::Value,
+        labels: serde_json::Value,
+        extra_spec: serde_json::Value,
+    ) {
         let mut resources = json!({"requests": {"cpu": "1", "memory": "1Gi"}});
         if gpus > 0 {
             resources["limits"] = json!({"nvidia.com/gpu": gpus.to_string()});
         }
+        let mut spec = json!({"schedulerName": "tessera",
+            "containers": [{"name": "main", "image": "busybox", "resources": resources}]});
+        if let (Some(s), Some(extra)) = (spec.as_object_mut(), extra_spec.as_object()) {
+            s.extend(extra.clone());
+        }
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": name, "annotations": annotations, "labels": labels},
-            "spec": {"schedulerName": "tessera",
-                     "containers": [{"name": "main", "image": "busybox", "resources": resources}]},
+            "spec": spec,
         }))
         .unwrap();
         self.pods()
@@ -620,6 +637,111 @@ async fn reclaim_evicts_with_an_event_and_places_the_reclaimer() {
             assert!(!held.contains(&b_gpu));
         }
     }
+    coordinator.shutdown().await;
+    drop(env);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaimer_waits_for_its_victims_grace_period_and_takes_no_more() {
+    const GRACE: i64 = 12;
+    let mut env = env().await;
+    env.node("n1", 4).await;
+    queue(&env.client, "a", 2.0).await;
+    queue(&env.client, "b", 2.0).await;
+    // Far shorter than the victims' grace period: the wait must follow the victims instead.
+    let mut config = env.config("c1");
+    config.bind_wait_timeout = Duration::from_secs(2);
+    let coordinator = Coordinator::start(env.client.clone(), config)
+        .await
+        .unwrap();
+    let _agent = env.allocate_bound_pods();
+    let a: Vec<String> = (0..4).map(|i| format!("a-{i}")).collect();
+    for name in &a {
+        // Their containers ignore SIGTERM: each runs until its grace period ends.
+        env.create_pod_with(
+            name,
+            1,
+            json!({"kubelet-lite.tessera.dev/sigterm": "ignore"}),
+            json!({"tessera.dev/queue": "a"}),
+            json!({"terminationGracePeriodSeconds": GRACE}),
+        )
+        .await;
+        bound(&env, name).await;
+    }
+    env.create_pod("b-0", 2, json!({}), json!({"tessera.dev/queue": "b"}))
+        .await;
+    let terminating = || async {
+        let mut out = Vec::new();
+        for name in &a {
+            if let Some(p) = env.get(name).await
+                && let Some(t) = p.metadata.deletion_timestamp
+            {
+                out.push((name.clone(), t.0));
+            }
+        }
+        out
+    };
+    let evicted_at = jiff::Timestamp::now();
+    let victims = eventually("two of a's pods evicted", || async {
+        let v = terminating().await;
+        (v.len() == 2).then_some(v)
+    })
+    .await;
+    // The server sets deletionTimestamp to the deletion plus the grace period: the end of the
+    // wait the coordinator honours.
+    for (name, end) in &victims {
+        let ahead = end.duration_since(evicted_at).as_secs();
+        assert!(
+            (GRACE - 2..=GRACE + 1).contains(&ahead),
+            "{name}: deletionTimestamp {ahead} s after the eviction"
+        );
+    }
+    let nominated = eventually("b-0 nominated to n1", || async {
+        let p = env.get("b-0").await?;
+        p.status?.nominated_node_name
+    })
+    .await;
+    assert_eq!(nominated, "n1");
+    // Past bind_wait_timeout, and long before the grace period ends: b-0 still waits,
+    // nominated, and no further victim was taken.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let b = env.get("b-0").await.unwrap();
+    assert_eq!(node_of(&b), None, "b-0 was bound while its victims ran");
+    assert_eq!(
+        b.status.and_then(|s| s.nominated_node_name).as_deref(),
+        Some("n1")
+    );
+    let names = |v: Vec<(String, jiff::Timestamp)>| -> Vec<String> {
+        v.into_iter().map(|(n, _)| n).collect()
+    };
+    assert_eq!(names(terminating().await), names(victims.clone()));
+    // Bound once its victims are gone, never before.
+    eventually("b-0 bound after its victims are gone", || async {
+        let b = env.get("b-0").await?;
+        node_of(&b)?;
+        for (name, _) in &victims {
+            assert!(
+                env.get(name).await.is_none(),
+                "b-0 was bound while {name} was still there"
+            );
+        }
+        Some(())
+    })
+    .await;
+    let survivors: Vec<String> = {
+        let mut out = Vec::new();
+        for name in &a {
+            if let Some(p) = env.get(name).await {
+                assert!(
+                    p.metadata.deletion_timestamp.is_none(),
+                    "{name} evicted too"
+                );
+                out.push(name.clone());
+            }
+        }
+        out
+    };
+    assert_eq!(survivors.len(), 2, "only what b-0 needed was evicted");
     coordinator.shutdown().await;
     drop(env);
 }

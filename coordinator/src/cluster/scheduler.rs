@@ -8,7 +8,11 @@
 //! API server's state is then the only truth.
 //!
 //! A decision is held (not bound yet) while its node still runs the pods evicted for it (the
-//! core marks such bindings `after_evictions`), and while the node has a bound pod not yet
+//! core marks such bindings `after_evictions`): those keep their GPUs until they are gone from
+//! the API or finished, grace period included. Meanwhile the pod's `status.nominatedNodeName`
+//! names the node, and the wait is bounded by the victims' `deletionTimestamp` (the end of
+//! their grace period) plus a margin, not by `bind_wait_timeout`; a held decision is never
+//! decided again (the core sees it placed) and so takes no further victims. Also held while the node has a bound pod not yet
 //! allocated by its agent that asks for the same number of `nvidia.com/gpu` slots with a
 //! different assignment: the kubelet's Allocate call carries no pod identity, so the agent
 //! tells such pods apart only by their slot count. Held decisions keep their place in the
@@ -54,6 +58,10 @@ const BIND_BACKOFF: Duration = Duration::from_secs(1);
 /// A pending rollback whose pod the cache has not shown bound for this long is dropped: an
 /// unanswered Binding that the server was going to apply has been applied by then.
 const ROLLBACK_WATCH: Duration = Duration::from_secs(60);
+/// How long past its victims' `deletionTimestamp` a decision keeps waiting for them. The API
+/// server sets that time to the deletion request plus the grace period; the kubelet then still
+/// has to report the containers stopped and delete the pod.
+const VICTIM_MARGIN: Duration = Duration::from_secs(30);
 /// Changes arriving in a burst (a Job creating its pods) are taken in one cycle.
 const SETTLE: Duration = Duration::from_millis(30);
 
@@ -273,6 +281,19 @@ impl Scheduler {
         if !self.leading() {
             return;
         }
+        let waiting: BTreeMap<String, String> = self
+            .state
+            .decided
+            .iter()
+            .filter(
+                |(_, d)| matches!(&d.state, DecidedState::Held { victims } if !victims.is_empty()),
+            )
+            .map(|(uid, d)| (uid.clone(), d.node.clone()))
+            .collect();
+        let keep: BTreeSet<String> = self.state.decided.keys().cloned().collect();
+        self.status
+            .nominations(&store, &self.config.scheduler_name, &waiting, &keep)
+            .await;
         self.status
             .update(&store, &translated, &decisions, &bound_now)
             .await;
@@ -482,21 +503,28 @@ impl Scheduler {
         let Some(members) = self.state.units.get(unit).map(|u| u.members.clone()) else {
             return;
         };
-        let timeout = self.config.bind_wait_timeout;
         let now = Instant::now();
-        let expired = members.iter().any(|m| {
-            self.state.decided.get(m).is_some_and(|d| {
-                matches!(d.state, DecidedState::Held { .. })
-                    && now.duration_since(d.since) > timeout
-            })
+        // Victims all gone: from here on the decision waits only for the same-count rule,
+        // timed from now.
+        for uid in &members {
+            if let Some(d) = self.state.decided.get_mut(uid)
+                && let DecidedState::Held { victims } = &mut d.state
+                && !victims.is_empty()
+                && victims_gone(store, victims)
+            {
+                victims.clear();
+                d.since = now;
+            }
+        }
+        let expired = members.iter().find_map(|m| {
+            let d = self.state.decided.get(m)?;
+            let DecidedState::Held { victims } = &d.state else {
+                return None;
+            };
+            held_too_long(store, victims, d.since, now, self.config.bind_wait_timeout)
         });
-        if expired {
-            self.fail_unit(
-                unit,
-                &format!("its node was not clear within {} s", timeout.as_secs()),
-                None,
-            )
-            .await;
+        if let Some(why) = expired {
+            self.fail_unit(unit, &why, None).await;
             return;
         }
         let mut pending = unallocated_gpu_pods(store, &self.state.decided);
@@ -511,10 +539,7 @@ impl Scheduler {
             let Some(pod) = store.pods.get(uid) else {
                 continue;
             };
-            let victims_gone = victims
-                .iter()
-                .all(|v| store.pods.get(v).is_none_or(|p| is_finished(p)));
-            if !victims_gone {
+            if !victims_gone(store, victims) {
                 continue;
             }
             let count = gpu_slots(pod);
@@ -743,6 +768,51 @@ fn is_finished(pod: &KubePod) -> bool {
         pod.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Succeeded" | "Failed")
     )
+}
+
+/// Whether every pod evicted for a decision is gone from the API or finished (its containers
+/// stopped): until then it keeps its GPUs, through its whole grace period.
+fn victims_gone(store: &Store, victims: &BTreeSet<String>) -> bool {
+    victims
+        .iter()
+        .all(|v| store.pods.get(v).is_none_or(|p| is_finished(p)))
+}
+
+/// Why a held decision has waited too long, if it has. While victims remain: once the latest
+/// victim's `deletionTimestamp` (the end of its grace period) is [`VICTIM_MARGIN`] past, or
+/// after `timeout` while a victim does not show its deletion yet. Otherwise (the same-count
+/// rule) after `timeout` since `since`.
+fn held_too_long(
+    store: &Store,
+    victims: &BTreeSet<String>,
+    since: Instant,
+    now: Instant,
+    timeout: Duration,
+) -> Option<String> {
+    let mut latest: Option<jiff::Timestamp> = None;
+    let mut all_deleting = true;
+    for v in victims {
+        let Some(pod) = store.pods.get(v).filter(|p| !is_finished(p)) else {
+            continue;
+        };
+        match &pod.metadata.deletion_timestamp {
+            Some(t) => latest = latest.max(Some(t.0)),
+            None => all_deleting = false,
+        }
+    }
+    match latest {
+        Some(end) if all_deleting => {
+            let past = jiff::Timestamp::now().duration_since(end);
+            (past > jiff::SignedDuration::try_from(VICTIM_MARGIN).unwrap_or_default()).then(|| {
+                format!(
+                    "the pods evicted for it were still there {} s after their grace period ended",
+                    past.as_secs()
+                )
+            })
+        }
+        _ => (now.duration_since(since) > timeout)
+            .then(|| format!("its node was not clear within {} s", timeout.as_secs())),
+    }
 }
 
 /// `nvidia.com/gpu` slots the pod asks for (limits, else requests, summed over containers):
