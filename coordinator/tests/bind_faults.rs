@@ -14,9 +14,11 @@ use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 use tessera_coordinator::cluster::binder::{BindFailure, BindTarget, Binder, UnitOutcome};
 use tessera_coordinator::cluster::events::EventWriter;
+use tessera_coordinator::cluster::gate;
 use tessera_coordinator::cluster::{ASSIGNED_AT_ANNOTATION, ASSIGNMENT_ANNOTATION};
 use tessera_coordinator::model::{Assignment, ContainerAssignment, GpuSlice};
 use tessera_testcluster::{Cluster, ClusterOptions};
+use tokio::sync::watch;
 
 struct Env {
     cluster: Cluster,
@@ -337,4 +339,43 @@ async fn an_unanswered_binding_is_looked_up() {
     })
     .await;
     assert_rolled_back(&env, &binder, &unit).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_binder_sends_nothing_more() {
+    let env = env().await;
+    let (leading, rx) = watch::channel(true);
+    let client = gate::gated(env.proxy.client(), rx);
+    let binder = Binder::new(client.clone(), EventWriter::new(client, "tessera", "test"));
+    let unit = env.unit("deposed", 3).await;
+    // The Lease is lost while the first member's Binding is on its way.
+    let leading = Arc::new(leading);
+    env.proxy.on_binding(
+        &unit[0].name,
+        Fault::Before(Arc::new(move |_, _| {
+            leading.send_replace(false);
+            Box::pin(async {})
+        })),
+    );
+    let sent_before = env.proxy.requests().len();
+    let outcome = binder.bind_unit(&unit).await;
+    assert_eq!(outcome.bound, vec![unit[0].uid.clone()]);
+    let failure = outcome.failed.expect("stopped");
+    assert!(failure.deposed && !failure.maybe_bound, "{failure:?}");
+    assert_eq!(failure.uid, unit[1].uid);
+    // Its rollback is not sent either: the new leader deals with the partial unit.
+    let rollback = binder
+        .roll_back_unit(&[unit[0].evict_target()], "test rollback")
+        .await;
+    assert_eq!(rollback.retry, vec![unit[0].uid.clone()]);
+    let after: Vec<_> = env.proxy.requests().split_off(sent_before);
+    assert_eq!(
+        after,
+        vec![(
+            http::Method::POST,
+            format!("/api/v1/namespaces/default/pods/{}/binding", unit[0].name)
+        )],
+        "after the first Binding nothing reached the server (no Binding, eviction or event)"
+    );
+    assert_eq!(node_of(&env.get(&unit[1].name).await.unwrap()), None);
 }

@@ -8,11 +8,14 @@ mod fault_proxy;
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use fault_proxy::{Fault, FaultProxy};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tessera_coordinator::agents::AgentRegistry;
@@ -351,13 +354,9 @@ async fn pods_are_bound_with_assignments_and_events() {
     drop(env);
 }
 
-/// Starts the coordinator behind a fault proxy, creates a gang of three whose second Binding
-/// suffers `fault`, and waits until no member is bound any more and the one bound first has
-/// been evicted with the gang named; returns the proxy.
-async fn gang_with_a_failed_bind(env: &Env, fault: Fault) -> (FaultProxy, CoordinatorHandle) {
-    let proxy = FaultProxy::start(env.client.clone()).await;
-    let coordinator = env.start_with(proxy.client(), "c1").await;
-    proxy.on_nth_binding(2, fault);
+/// Creates `gang-0..2`, a gang of three 2-GPU pods, and returns the pod of the first Binding
+/// `proxy` sees.
+async fn create_gang(env: &Env, proxy: &FaultProxy) -> String {
     for i in 0..3 {
         env.create_pod(
             &format!("gang-{i}"),
@@ -367,10 +366,20 @@ async fn gang_with_a_failed_bind(env: &Env, fault: Fault) -> (FaultProxy, Coordi
         )
         .await;
     }
-    let first = eventually("the first Binding", || async {
+    eventually("the first Binding", || async {
         proxy.bindings().first().cloned()
     })
-    .await;
+    .await
+}
+
+/// Starts the coordinator behind a fault proxy, creates a gang of three whose second Binding
+/// suffers `fault`, and waits until no member is bound any more and the one bound first has
+/// been evicted with the gang named; returns the proxy.
+async fn gang_with_a_failed_bind(env: &Env, fault: Fault) -> (FaultProxy, CoordinatorHandle) {
+    let proxy = FaultProxy::start(env.client.clone()).await;
+    let coordinator = env.start_with(proxy.client(), "c1").await;
+    proxy.on_nth_binding(2, fault);
+    let first = create_gang(env, &proxy).await;
     eventually(&format!("{first} to be evicted as a partial gang"), || {
         evicted_as_partial_gang(env, &first)
     })
@@ -860,4 +869,76 @@ async fn a_new_leader_rebuilds_from_the_api_without_binding_twice() {
     assert_eq!(binds.len(), 3, "{binds:?}");
     second.shutdown().await;
     drop(env);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_loses_its_lease_mid_gang_writes_nothing_more() {
+    let mut env = env().await;
+    env.node("n1", 4).await;
+    env.node("n2", 4).await;
+    let _agent = env.allocate_bound_pods();
+    let proxy = FaultProxy::start(env.client.clone()).await;
+    let coordinator = env.start_with(proxy.client(), "c1").await;
+    // While the gang's first Binding is on its way, another replica takes the Lease, and the
+    // coordinator notices before that Binding is answered.
+    let leadership = coordinator.leadership();
+    proxy.on_nth_binding(
+        1,
+        Fault::Before(Arc::new(move |admin, _| {
+            let mut leadership = leadership.clone();
+            Box::pin(async move {
+                steal_lease(&admin, "tessera-test").await;
+                tokio::time::timeout(WAIT, leadership.wait_for(|leads| !leads))
+                    .await
+                    .expect("the coordinator noticed it lost the Lease")
+                    .expect("the coordinator is running");
+            })
+        })),
+    );
+    let first = create_gang(&env, &proxy).await;
+    bound(&env, &first).await;
+    assert!(!coordinator.is_leader());
+    // Several cycles' worth of time: the deposed replica only reads.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let requests = proxy.requests();
+    let at = requests
+        .iter()
+        .position(|(m, p)| m == http::Method::POST && p.ends_with("/binding"))
+        .expect("the first Binding");
+    let writes: Vec<_> = requests[at + 1..]
+        .iter()
+        .filter(|(m, p)| m != http::Method::GET && !p.contains("/leases/"))
+        .collect();
+    assert!(
+        writes.is_empty(),
+        "written after losing the Lease: {writes:?}"
+    );
+    assert_eq!(proxy.bindings(), vec![first.clone()]);
+    for i in 0..3 {
+        let name = format!("gang-{i}");
+        if name != first {
+            assert_eq!(node_of(&env.get(&name).await.unwrap()), None, "{name}");
+        }
+    }
+    coordinator.kill();
+    drop(env);
+}
+
+/// Makes another identity hold the Lease `name` in `default` for an hour, as a replica that
+/// took over would.
+async fn steal_lease(admin: &kube::Client, name: &str) {
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), "default");
+    loop {
+        let mut lease = leases.get(name).await.expect("the Lease exists");
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        spec.holder_identity = Some("thief".into());
+        spec.lease_duration_seconds = Some(3600);
+        spec.renew_time = Some(MicroTime(jiff::Timestamp::now()));
+        match leases.replace(name, &PostParams::default(), &lease).await {
+            Ok(_) => return,
+            // The holder renewed in between: try again on its new version.
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) => panic!("taking the Lease: {e}"),
+        }
+    }
 }

@@ -24,6 +24,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 
 use super::events::{self, EventKind, EventWriter};
+use super::gate::NotLeading;
 use super::{ASSIGNED_AT_ANNOTATION, ASSIGNMENT_ANNOTATION};
 use crate::model::Assignment;
 
@@ -77,6 +78,9 @@ pub struct BindFailure {
     /// Binding (any 4xx, including 409 already bound or UID mismatch, 404 deleted and 429
     /// throttled): the pod is not bound by this call.
     pub maybe_bound: bool,
+    /// This replica lost the Lease: the write gate ([`super::gate`]) did not send the Binding,
+    /// and will send nothing more, rollbacks and events included.
+    pub deposed: bool,
 }
 
 /// What became of one wave of a unit's Bindings.
@@ -205,6 +209,11 @@ impl Binder {
             match self.bind(t, &at).await {
                 Ok(()) => outcome.bound.push(t.uid.clone()),
                 Err(failure) => {
+                    if failure.deposed {
+                        // No event either: it would not be sent.
+                        outcome.failed = Some(failure);
+                        return outcome;
+                    }
                     self.report_failure(t, &failure.error).await;
                     outcome.failed = Some(failure);
                     break;
@@ -293,6 +302,15 @@ impl Binder {
                         t.node, status.code, status.reason, status.message
                     ),
                     maybe_bound: false,
+                    deposed: false,
+                });
+            }
+            Ok(Err(e)) if NotLeading::is(&e) => {
+                return Err(BindFailure {
+                    uid: t.uid.clone(),
+                    error: e.to_string(),
+                    maybe_bound: false,
+                    deposed: true,
                 });
             }
             Ok(Err(e)) => e.to_string(),
@@ -308,6 +326,7 @@ impl Binder {
                 error: format!("binding to {}: {error}", t.node),
                 // Not bound now; an unanswered request may still be applied late.
                 maybe_bound: true,
+                deposed: false,
             }),
             None => Err(BindFailure {
                 uid: t.uid.clone(),
@@ -316,6 +335,7 @@ impl Binder {
                     t.node
                 ),
                 maybe_bound: true,
+                deposed: false,
             }),
         }
     }

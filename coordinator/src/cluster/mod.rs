@@ -9,6 +9,7 @@
 pub mod binder;
 pub mod cache;
 pub mod events;
+pub mod gate;
 pub mod leader;
 pub mod scheduler;
 pub mod snapshot;

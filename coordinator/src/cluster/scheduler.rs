@@ -39,6 +39,7 @@ use tokio::sync::watch;
 use super::binder::{BindTarget, Binder, EvictTarget, UnitOutcome};
 use super::cache::{Cache, Store};
 use super::events::EventWriter;
+use super::gate;
 use super::snapshot::{self, BuildContext, Overlay};
 use super::status::StatusWriter;
 use super::{ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION, CoordinatorConfig, GPU_RESOURCE};
@@ -143,6 +144,9 @@ impl Scheduler {
         metrics: Arc<Metrics>,
         leader: watch::Receiver<bool>,
     ) -> Self {
+        // Every write of the loop (bindings, evictions, status, events) goes through the gate,
+        // so a replica that lost the Lease mid-batch sends nothing more.
+        let client = gate::gated(client, leader.clone());
         let events = EventWriter::new(client.clone(), &config.scheduler_name, &config.identity);
         Self {
             binder: Binder::new(client.clone(), events.clone())
@@ -599,6 +603,14 @@ impl Scheduler {
         }
         self.metrics.add_pods_placed(outcome.bound.len() as u64);
         if let Some(failure) = &outcome.failed {
+            if failure.deposed {
+                // Nothing more may be written; the loop forgets this state as it stands by.
+                tracing::info!(
+                    unit,
+                    "leadership lost while binding a unit; the new leader takes over"
+                );
+                return;
+            }
             self.metrics.inc_bind_errors();
             tracing::warn!(pod = %failure.uid, error = %failure.error, unit, "bind failed; the unit is not bound");
             let unanswered = wave
@@ -686,7 +698,7 @@ impl Scheduler {
     /// meant for is rolled back; one that is gone (or replaced under its name) is dropped, and
     /// so is one still unbound after [`ROLLBACK_WATCH`].
     async fn retry_rollbacks(&mut self, store: &Store) {
-        if self.state.rollbacks.is_empty() {
+        if self.state.rollbacks.is_empty() || !self.leading() {
             return;
         }
         let now = Instant::now();

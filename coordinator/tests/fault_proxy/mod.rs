@@ -53,6 +53,8 @@ struct Shared {
     nth: Option<(usize, Fault)>,
     /// Every Binding's pod name in the order the proxy received them.
     bindings: Vec<String>,
+    /// Every request's method and path, in order.
+    requests: Vec<(http::Method, String)>,
 }
 
 /// The proxy; stops when dropped.
@@ -117,6 +119,11 @@ impl FaultProxy {
         self.shared.lock().nth = Some((n.saturating_sub(1), fault));
     }
 
+    /// Every request's method and path the proxy received, in order.
+    pub fn requests(&self) -> Vec<(http::Method, String)> {
+        self.shared.lock().requests.clone()
+    }
+
     /// The pods whose Binding the proxy received, in order.
     pub fn bindings(&self) -> Vec<String> {
         self.shared.lock().bindings.clone()
@@ -139,6 +146,10 @@ async fn handle(
     shared: Arc<Mutex<Shared>>,
     req: http::Request<Incoming>,
 ) -> Result<http::Response<Body>, std::io::Error> {
+    shared
+        .lock()
+        .requests
+        .push((req.method().clone(), req.uri().path().to_owned()));
     let pod = binding_of(&req);
     let fault = pod.clone().and_then(|name| {
         let mut s = shared.lock();
