@@ -323,6 +323,15 @@ async fn an_unanswered_binding_is_looked_up() {
     assert_eq!(outcome.bound.len(), 3);
     assert_eq!(node_of(&env.get(&unit[1].name).await.unwrap()), Some("n1"));
 
+    // The connection broke before the request reached the server: not bound, but reported as
+    // possibly bound (a client cannot tell this from a lost answer).
+    let unit = env.unit("broken", 3).await;
+    env.proxy.on_binding(&unit[1].name, Fault::DropRequest);
+    let outcome = binder.bind_unit(&unit).await;
+    assert_stopped_at_second(&env, &unit, &outcome, true);
+    assert_eq!(node_of(&env.get(&unit[1].name).await.unwrap()), None);
+    assert_rolled_back(&env, &binder, &unit).await;
+
     // No answer within the call timeout, and the server applies the bind later: reported as
     // a failure that may still be bound, for the scheduler to watch and roll back.
     let unit = env.unit("late", 3).await;

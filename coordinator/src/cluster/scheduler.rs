@@ -893,3 +893,90 @@ fn unallocated_gpu_pods(
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    /// A running victim whose deletion, if any, ends `ends_in_secs` from now.
+    fn victim(uid: &str, ends_in_secs: Option<i64>, phase: &str) -> (String, Arc<KubePod>) {
+        let mut pod = KubePod::default();
+        pod.metadata.uid = Some(uid.into());
+        pod.metadata.deletion_timestamp =
+            ends_in_secs.map(|s| Time(jiff::Timestamp::now() + jiff::SignedDuration::from_secs(s)));
+        pod.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some(phase.into()),
+            ..Default::default()
+        });
+        (uid.to_owned(), Arc::new(pod))
+    }
+
+    fn store(pods: Vec<(String, Arc<KubePod>)>) -> Store {
+        Store {
+            pods: pods.into_iter().collect(),
+            ..Store::default()
+        }
+    }
+
+    fn set(uids: &[&str]) -> BTreeSet<String> {
+        uids.iter().map(|u| (*u).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_wait_for_victims_follows_their_grace_period_not_the_timeout() {
+        let timeout = Duration::from_secs(2);
+        let now = Instant::now();
+        let long_ago = now.checked_sub(Duration::from_secs(60)).unwrap_or(now);
+        // Deleting, grace period still running: waits although the timeout has passed.
+        let s = store(vec![victim("v", Some(20), "Running")]);
+        assert_eq!(
+            held_too_long(&s, &set(&["v"]), long_ago, now, timeout),
+            None
+        );
+        // Within the margin after the grace period: still waits.
+        let s = store(vec![victim("v", Some(-10), "Running")]);
+        assert_eq!(
+            held_too_long(&s, &set(&["v"]), long_ago, now, timeout),
+            None
+        );
+        // Past grace period and margin: given up, saying why.
+        let s = store(vec![
+            victim("v", Some(-40), "Running"),
+            victim("w", Some(5), "Running"),
+        ]);
+        assert_eq!(
+            held_too_long(&s, &set(&["v"]), now, now, timeout).map(|w| w.contains("grace period")),
+            Some(true)
+        );
+        // The latest victim counts.
+        assert_eq!(
+            held_too_long(&s, &set(&["v", "w"]), now, now, timeout),
+            None
+        );
+    }
+
+    #[test]
+    fn without_a_deletion_to_follow_the_timeout_applies() {
+        let timeout = Duration::from_secs(2);
+        let now = Instant::now();
+        let long_ago = now.checked_sub(Duration::from_secs(60)).unwrap_or(now);
+        // A victim whose deletion the cache does not show yet.
+        let s = store(vec![
+            victim("v", None, "Running"),
+            victim("w", Some(20), "Running"),
+        ]);
+        assert!(held_too_long(&s, &set(&["v", "w"]), now, now, timeout).is_none());
+        let why = held_too_long(&s, &set(&["v", "w"]), long_ago, now, timeout);
+        assert!(why.is_some_and(|w| w.contains("within 2 s")));
+        // No victims left (the same-count rule), or only finished ones.
+        let s = store(vec![victim("done", Some(-100), "Failed")]);
+        assert!(held_too_long(&s, &set(&["done"]), long_ago, now, timeout).is_some());
+        assert!(held_too_long(&s, &set(&[]), now, now, timeout).is_none());
+        assert!(victims_gone(&s, &set(&["done", "deleted"])));
+        assert!(!victims_gone(
+            &store(vec![victim("v", Some(20), "Running")]),
+            &set(&["v"])
+        ));
+    }
+}

@@ -42,6 +42,8 @@ pub enum Fault {
     Delay(Duration),
     /// Forwards the request (the pod is bound) and closes the connection without an answer.
     DropAnswer,
+    /// Closes the connection without forwarding the request or answering it.
+    DropRequest,
     /// Runs the action, then forwards: the real server answers the Binding.
     Before(Action),
 }
@@ -179,6 +181,11 @@ async fn handle(
             ))
             .expect("a response");
         return Ok(answer);
+    }
+    if let Some(Fault::DropRequest) = fault {
+        return Err(std::io::Error::other(
+            "injected: connection closed before the request was forwarded",
+        ));
     }
     let (parts, body) = req.into_parts();
     let bytes = body
