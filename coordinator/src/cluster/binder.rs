@@ -160,8 +160,9 @@ impl EvictionRefusal {
 /// `policy/v1.DisruptionBudgetCause`, the cause the eviction handler puts on a budget refusal.
 const DISRUPTION_BUDGET_CAUSE: &str = "DisruptionBudget";
 
-/// How often a gang rollback retries a throttled eviction before leaving the member to the
-/// next cycle (the stale-gang eviction), and the longest it waits between two tries.
+/// How often a gang rollback retries a throttled eviction before handing the member back in
+/// [`RollbackOutcome::retry`] (the scheduler tries again in later cycles), and the longest it
+/// waits between two tries.
 const ROLLBACK_TRIES: usize = 3;
 const ROLLBACK_MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
