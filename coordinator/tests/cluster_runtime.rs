@@ -373,12 +373,17 @@ async fn create_gang(env: &Env, proxy: &FaultProxy) -> String {
 }
 
 /// Starts the coordinator behind a fault proxy, creates a gang of three whose second Binding
-/// suffers `fault`, and waits until no member is bound any more and the one bound first has
-/// been evicted with the gang named; returns the proxy.
-async fn gang_with_a_failed_bind(env: &Env, fault: Fault) -> (FaultProxy, CoordinatorHandle) {
+/// suffers `fault` (and whose first `throttled_evictions` evictions get 429), and waits until
+/// the member bound first has been evicted with the gang named; returns the proxy.
+async fn gang_with_a_failed_bind(
+    env: &Env,
+    fault: Fault,
+    throttled_evictions: usize,
+) -> (FaultProxy, CoordinatorHandle) {
     let proxy = FaultProxy::start(env.client.clone()).await;
     let coordinator = env.start_with(proxy.client(), "c1").await;
     proxy.on_nth_binding(2, fault);
+    proxy.throttle_evictions(throttled_evictions);
     let first = create_gang(env, &proxy).await;
     eventually(&format!("{first} to be evicted as a partial gang"), || {
         evicted_as_partial_gang(env, &first)
@@ -414,7 +419,7 @@ async fn a_gang_with_a_throttled_bind_is_not_left_partial() {
     env.node("n1", 4).await;
     env.node("n2", 4).await;
     let _agent = env.allocate_bound_pods();
-    let (proxy, coordinator) = gang_with_a_failed_bind(&env, Fault::Throttle).await;
+    let (proxy, coordinator) = gang_with_a_failed_bind(&env, Fault::Throttle, 0).await;
     let throttled = proxy.bindings()[1].clone();
     eventually("the throttled bind reported", || async {
         env.events_for(&throttled)
@@ -440,6 +445,33 @@ async fn a_gang_with_a_throttled_bind_is_not_left_partial() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_the_server_keeps_throttling_is_retried_in_later_cycles() {
+    let mut env = env().await;
+    env.node("n1", 4).await;
+    env.node("n2", 4).await;
+    let _agent = env.allocate_bound_pods();
+    // More 429s than the binder's own tries (3): the member stays bound past the failed
+    // unit's cycle, and a later cycle evicts it.
+    let (proxy, coordinator) = gang_with_a_failed_bind(&env, Fault::Throttle, 4).await;
+    let first = proxy.bindings()[0].clone();
+    let tries = proxy.evictions();
+    assert!(
+        tries.len() >= 5 && tries.iter().all(|p| *p == first),
+        "evictions: {tries:?}"
+    );
+    eventually("no gang member left bound", || async {
+        (!any_gang_member_bound(&env).await).then_some(())
+    })
+    .await;
+    // While the first member was still bound (and counted towards the gang by the core), the
+    // other two were not bound to complete it: it would have been partial once it left.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(proxy.bindings().len(), 2, "{:?}", proxy.bindings());
+    coordinator.shutdown().await;
+    drop(env);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gang_bind_answered_too_late_is_rolled_back_once_it_lands() {
     let mut env = env().await;
     env.node("n1", 4).await;
@@ -448,7 +480,7 @@ async fn a_gang_bind_answered_too_late_is_rolled_back_once_it_lands() {
     // The coordinator gives up on a Binding after 2 s (see `config`); this one is applied
     // after 5 s, when the unit has already been rolled back.
     let (proxy, coordinator) =
-        gang_with_a_failed_bind(&env, Fault::Delay(Duration::from_secs(5))).await;
+        gang_with_a_failed_bind(&env, Fault::Delay(Duration::from_secs(5)), 0).await;
     let late = proxy.bindings()[1].clone();
     eventually(&format!("{late}'s late bind to land"), || async {
         env.get(&late).await.and_then(|p| node_of(&p))

@@ -22,7 +22,9 @@
 //! the cause (a Binding refused, throttled or unanswered, a node not clear in time, a held
 //! member given up): members not bound stay unbound, members bound are evicted, and what the
 //! API server would not evict yet, or a Binding that got no answer and may still land, is
-//! rolled back in a later cycle once the cache shows the pod bound.
+//! rolled back in a later cycle once the cache shows the pod bound. Until every rolled-back
+//! member is gone no other member of its unit is bound: the core counts a terminating member
+//! towards its gang, and completing the gang around it would leave it partial.
 //!
 //! Logical time (`Snapshot::now`) is wall-clock Unix seconds, the clock of pods' creation
 //! times, so every replica agrees on it. Stale-gang timing (`below_min_member_since`) is kept
@@ -102,6 +104,8 @@ struct Rollback {
     target: EvictTarget,
     /// The node this replica bound it (or asked to bind it) to.
     node: String,
+    /// Its unit (`namespace/group`).
+    unit: String,
     reason: String,
     since: Instant,
 }
@@ -117,6 +121,10 @@ struct State {
     /// or did not answer, and Bindings that went unanswered (the server may apply them late).
     /// Each is evicted once the cache shows it bound to the node it was meant for.
     rollbacks: BTreeMap<String, Rollback>,
+    /// Members a rollback evicted that are still in the API (terminating), with their unit.
+    /// The core still counts a terminating member towards its gang, so no other member of
+    /// that unit is bound until they are gone: the gang could not stay whole.
+    rolled_back: BTreeMap<String, String>,
     /// Pods of units whose bind failed, and until when they are not bound again.
     backoff: BTreeMap<String, Instant>,
     below_min_since: BTreeMap<(String, String), u64>,
@@ -311,6 +319,9 @@ impl Scheduler {
         self.state.evicting.retain(|uid, at| {
             store.pods.contains_key(uid) && now.duration_since(*at) < EVICTION_MEMORY
         });
+        self.state
+            .rolled_back
+            .retain(|uid, _| store.pods.get(uid).is_some_and(|p| !is_finished(p)));
         self.state.decided.retain(|uid, d| {
             let Some(pod) = store.pods.get(uid) else {
                 return false;
@@ -448,12 +459,15 @@ impl Scheduler {
             Some(g) => format!("{}/{}", pod.namespace, g),
             None => format!("pod:{}", pod.uid),
         };
-        let backed_off: BTreeSet<String> = decisions
+        let mut backed_off: BTreeSet<String> = decisions
             .bindings
             .iter()
             .filter(|b| self.state.backoff.contains_key(&b.pod))
             .filter_map(|b| by_uid.get(b.pod.as_str()).map(|p| unit_of(p)))
             .collect();
+        // Units with members still being rolled back.
+        backed_off.extend(self.state.rolled_back.values().cloned());
+        backed_off.extend(self.state.rollbacks.values().map(|r| r.unit.clone()));
         for b in &decisions.bindings {
             let Some(pod) = by_uid.get(b.pod.as_str()) else {
                 continue;
@@ -594,6 +608,7 @@ impl Scheduler {
                     Rollback {
                         target: t.evict_target(),
                         node: t.node.clone(),
+                        unit: unit.to_owned(),
                         reason: String::new(),
                         since: now,
                     },
@@ -663,6 +678,7 @@ impl Scheduler {
                 Rollback {
                     target: t.evict_target(),
                     node: t.node.clone(),
+                    unit: unit.to_owned(),
                     reason: reason.clone(),
                     since: now,
                 },
@@ -689,6 +705,8 @@ impl Scheduler {
             for r in members {
                 if outcome.retry.contains(&r.target.uid) {
                     self.state.rollbacks.insert(r.target.uid.clone(), r);
+                } else {
+                    self.state.rolled_back.insert(r.target.uid, r.unit);
                 }
             }
         }

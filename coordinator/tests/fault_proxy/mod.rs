@@ -5,8 +5,9 @@
 //!
 //! Clients from [`FaultProxy::client`] speak plain HTTP to the proxy; the proxy forwards each
 //! request through an admin client (TLS and credentials), streaming answers so watches work.
-//! Faults apply to `POST .../pods/<name>/binding` only, once each: by pod name, or to the Nth
-//! Binding from now on (the order in which a unit's members are bound is not fixed).
+//! Faults apply to `POST .../pods/<name>/binding`, once each: by pod name, or to the Nth
+//! Binding from now on (the order in which a unit's members are bound is not fixed); and
+//! throttling to the next evictions (`POST .../pods/<name>/eviction`), whatever their pod.
 
 #![allow(dead_code)]
 
@@ -55,6 +56,10 @@ struct Shared {
     nth: Option<(usize, Fault)>,
     /// Every Binding's pod name in the order the proxy received them.
     bindings: Vec<String>,
+    /// Evictions still to answer with 429.
+    throttle_evictions: usize,
+    /// Every eviction's pod name in the order the proxy received them.
+    evictions: Vec<String>,
     /// Every request's method and path, in order.
     requests: Vec<(http::Method, String)>,
 }
@@ -121,6 +126,16 @@ impl FaultProxy {
         self.shared.lock().nth = Some((n.saturating_sub(1), fault));
     }
 
+    /// Answers the next `n` evictions, of any pod, with 429 as API Priority and Fairness does.
+    pub fn throttle_evictions(&self, n: usize) {
+        self.shared.lock().throttle_evictions = n;
+    }
+
+    /// The pods whose eviction the proxy received (throttled ones included), in order.
+    pub fn evictions(&self) -> Vec<String> {
+        self.shared.lock().evictions.clone()
+    }
+
     /// Every request's method and path the proxy received, in order.
     pub fn requests(&self) -> Vec<(http::Method, String)> {
         self.shared.lock().requests.clone()
@@ -132,15 +147,15 @@ impl FaultProxy {
     }
 }
 
-/// The pod name of `POST /api/v1/namespaces/<ns>/pods/<name>/binding`.
-fn binding_of(req: &http::Request<Incoming>) -> Option<String> {
+/// The pod name of `POST /api/v1/namespaces/<ns>/pods/<name>/<subresource>`.
+fn posted_to(req: &http::Request<Incoming>, subresource: &str) -> Option<String> {
     if req.method() != http::Method::POST {
         return None;
     }
     let rest = req.uri().path().strip_prefix("/api/v1/namespaces/")?;
     let mut parts = rest.split('/');
-    let (_, pods, name, binding) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-    (pods == "pods" && binding == "binding" && parts.next().is_none()).then(|| name.to_owned())
+    let (_, pods, name, sub) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    (pods == "pods" && sub == subresource && parts.next().is_none()).then(|| name.to_owned())
 }
 
 async fn handle(
@@ -152,22 +167,33 @@ async fn handle(
         .lock()
         .requests
         .push((req.method().clone(), req.uri().path().to_owned()));
-    let pod = binding_of(&req);
-    let fault = pod.clone().and_then(|name| {
+    let pod = posted_to(&req, "binding");
+    let throttled_eviction = posted_to(&req, "eviction").is_some_and(|name| {
         let mut s = shared.lock();
-        s.bindings.push(name.clone());
-        if let Some(fault) = s.faults.remove(&name) {
-            return Some(fault);
-        }
-        match s.nth.take() {
-            Some((0, fault)) => Some(fault),
-            Some((n, fault)) => {
-                s.nth = Some((n - 1, fault));
-                None
-            }
-            None => None,
-        }
+        s.evictions.push(name);
+        let throttle = s.throttle_evictions > 0;
+        s.throttle_evictions = s.throttle_evictions.saturating_sub(1);
+        throttle
     });
+    let fault = if throttled_eviction {
+        Some(Fault::Throttle)
+    } else {
+        pod.clone().and_then(|name| {
+            let mut s = shared.lock();
+            s.bindings.push(name.clone());
+            if let Some(fault) = s.faults.remove(&name) {
+                return Some(fault);
+            }
+            match s.nth.take() {
+                Some((0, fault)) => Some(fault),
+                Some((n, fault)) => {
+                    s.nth = Some((n - 1, fault));
+                    None
+                }
+                None => None,
+            }
+        })
+    };
     if let Some(Fault::Throttle) = fault {
         let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
             "status": "Failure", "message": "Too many requests, please try again later.",
