@@ -348,6 +348,24 @@ async fn an_unanswered_binding_is_looked_up() {
     })
     .await;
     assert_rolled_back(&env, &binder, &unit).await;
+
+    // A rollback eviction unanswered within the call timeout comes back to be tried again;
+    // the server applies it late.
+    let unit = env.unit("slow-evict", 1).await;
+    assert_eq!(binder.bind_unit(&unit).await.failed, None);
+    env.proxy
+        .on_next_evictions(1, Fault::Delay(Duration::from_secs(3)));
+    let rollback = binder
+        .roll_back_unit(&[unit[0].evict_target()], "test rollback")
+        .await;
+    assert_eq!(rollback.retry, vec![unit[0].uid.clone()], "{rollback:?}");
+    wait("the late eviction to land", || async {
+        env.get(&unit[0].name)
+            .await
+            .is_none_or(|p| p.metadata.deletion_timestamp.is_some())
+            .then_some(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

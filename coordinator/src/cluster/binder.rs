@@ -166,9 +166,9 @@ const DISRUPTION_BUDGET_CAUSE: &str = "DisruptionBudget";
 const ROLLBACK_TRIES: usize = 3;
 const ROLLBACK_MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// How long one Binding may go unanswered before it counts as failed, unless set with
-/// [`Binder::with_call_timeout`]. The client has no read timeout of its own (kube's default),
-/// and one hung call would stall the scheduling loop.
+/// How long one Binding, eviction or deletion may go unanswered before it counts as failed,
+/// unless set with [`Binder::with_call_timeout`]. The client has no read timeout of its own
+/// (kube's default), and one hung call would stall the scheduling loop.
 const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Writes bindings and evictions.
@@ -189,7 +189,7 @@ impl Binder {
         }
     }
 
-    /// The same binder giving up on a Binding unanswered after `timeout`.
+    /// The same binder giving up on a Binding, eviction or deletion unanswered after `timeout`.
     pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
         self.call_timeout = timeout;
         self
@@ -385,9 +385,12 @@ impl Binder {
                 ..DeleteOptions::default()
             }),
         };
-        let result: Result<serde_json::Value, kube::Error> = self
-            .pods(&t.namespace)
-            .create_subresource("eviction", &t.name, &PostParams::default(), &eviction)
+        let pods = self.pods(&t.namespace);
+        let params = PostParams::default();
+        let result = self
+            .answered(pods.create_subresource::<_, serde_json::Value>(
+                "eviction", &t.name, &params, &eviction,
+            ))
             .await;
         self.settle(t, reason, result.map(drop)).await
     }
@@ -431,7 +434,9 @@ impl Binder {
         match self.evict(t, reason).await {
             Err(e) => match EvictionRefusal::of(&e) {
                 Some(EvictionRefusal::DisruptionBudget) => {
-                    let result = self.pods(&t.namespace).delete(&t.name, &same_pod(t)).await;
+                    let pods = self.pods(&t.namespace);
+                    let params = same_pod(t);
+                    let result = self.answered(pods.delete(&t.name, &params)).await;
                     self.settle(t, reason, result.map(drop)).await
                 }
                 Some(EvictionRefusal::Throttled {
@@ -442,6 +447,20 @@ impl Binder {
                 None => Err(e),
             },
             other => other,
+        }
+    }
+
+    /// `call`, given up after the call timeout (as an error: the caller tries again later).
+    async fn answered<T>(
+        &self,
+        call: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, kube::Error> {
+        match tokio::time::timeout(self.call_timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(kube::Error::Service(Box::new(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer within {} s", self.call_timeout.as_secs_f32()),
+            )))),
         }
     }
 

@@ -56,8 +56,8 @@ struct Shared {
     nth: Option<(usize, Fault)>,
     /// Every Binding's pod name in the order the proxy received them.
     bindings: Vec<String>,
-    /// Evictions still to answer with 429.
-    throttle_evictions: usize,
+    /// Faults for the next evictions, in order.
+    eviction_faults: std::collections::VecDeque<Fault>,
     /// Every eviction's pod name in the order the proxy received them.
     evictions: Vec<String>,
     /// Every request's method and path, in order.
@@ -128,7 +128,12 @@ impl FaultProxy {
 
     /// Answers the next `n` evictions, of any pod, with 429 as API Priority and Fairness does.
     pub fn throttle_evictions(&self, n: usize) {
-        self.shared.lock().throttle_evictions = n;
+        self.on_next_evictions(n, Fault::Throttle);
+    }
+
+    /// Applies `fault` to each of the next `n` evictions, of any pod.
+    pub fn on_next_evictions(&self, n: usize, fault: Fault) {
+        self.shared.lock().eviction_faults = std::iter::repeat_n(fault, n).collect();
     }
 
     /// The pods whose eviction the proxy received (throttled ones included), in order.
@@ -168,15 +173,13 @@ async fn handle(
         .requests
         .push((req.method().clone(), req.uri().path().to_owned()));
     let pod = posted_to(&req, "binding");
-    let throttled_eviction = posted_to(&req, "eviction").is_some_and(|name| {
+    let eviction_fault = posted_to(&req, "eviction").and_then(|name| {
         let mut s = shared.lock();
         s.evictions.push(name);
-        let throttle = s.throttle_evictions > 0;
-        s.throttle_evictions = s.throttle_evictions.saturating_sub(1);
-        throttle
+        s.eviction_faults.pop_front()
     });
-    let fault = if throttled_eviction {
-        Some(Fault::Throttle)
+    let fault = if eviction_fault.is_some() {
+        eviction_fault
     } else {
         pod.clone().and_then(|name| {
             let mut s = shared.lock();
