@@ -682,49 +682,48 @@ async fn reclaim_evicts_with_an_event_and_places_the_reclaimer() {
     drop(env);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reclaimer_waits_for_its_victims_grace_period_and_takes_no_more() {
-    const GRACE: i64 = 12;
+/// The pods of queue `a` in [`reclaim_from_slow_victims`].
+const SLOW_VICTIMS: [&str; 4] = ["a-0", "a-1", "a-2", "a-3"];
+
+/// One 4-GPU node full with the four [`SLOW_VICTIMS`] of queue `a`, whose containers ignore
+/// SIGTERM (each runs until its `grace` seconds end), and coordinator `c1` with a
+/// `bind_wait_timeout` (2 s) far shorter than that; then `b-0` of queue `b` asks for two GPUs,
+/// which reclaim must take from `a`. Returns once two victims are terminating, with their
+/// deletion times, after checking the server set those to the eviction plus the grace period.
+async fn reclaim_from_slow_victims(
+    grace: i64,
+) -> (
+    Env,
+    CoordinatorHandle,
+    tokio::task::JoinHandle<()>,
+    Vec<(String, jiff::Timestamp)>,
+) {
     let mut env = env().await;
     env.node("n1", 4).await;
     queue(&env.client, "a", 2.0).await;
     queue(&env.client, "b", 2.0).await;
-    // Far shorter than the victims' grace period: the wait must follow the victims instead.
     let mut config = env.config("c1");
     config.bind_wait_timeout = Duration::from_secs(2);
     let coordinator = Coordinator::start(env.client.clone(), config)
         .await
         .unwrap();
-    let _agent = env.allocate_bound_pods();
-    let a: Vec<String> = (0..4).map(|i| format!("a-{i}")).collect();
-    for name in &a {
-        // Their containers ignore SIGTERM: each runs until its grace period ends.
+    let agent = env.allocate_bound_pods();
+    for name in SLOW_VICTIMS {
         env.create_pod_with(
             name,
             1,
             json!({"kubelet-lite.tessera.dev/sigterm": "ignore"}),
             json!({"tessera.dev/queue": "a"}),
-            json!({"terminationGracePeriodSeconds": GRACE}),
+            json!({"terminationGracePeriodSeconds": grace}),
         )
         .await;
         bound(&env, name).await;
     }
     env.create_pod("b-0", 2, json!({}), json!({"tessera.dev/queue": "b"}))
         .await;
-    let terminating = || async {
-        let mut out = Vec::new();
-        for name in &a {
-            if let Some(p) = env.get(name).await
-                && let Some(t) = p.metadata.deletion_timestamp
-            {
-                out.push((name.clone(), t.0));
-            }
-        }
-        out
-    };
     let evicted_at = jiff::Timestamp::now();
     let victims = eventually("two of a's pods evicted", || async {
-        let v = terminating().await;
+        let v = terminating(&env).await;
         (v.len() == 2).then_some(v)
     })
     .await;
@@ -733,34 +732,44 @@ async fn a_reclaimer_waits_for_its_victims_grace_period_and_takes_no_more() {
     for (name, end) in &victims {
         let ahead = end.duration_since(evicted_at).as_secs();
         assert!(
-            (GRACE - 2..=GRACE + 1).contains(&ahead),
+            (grace - 2..=grace + 1).contains(&ahead),
             "{name}: deletionTimestamp {ahead} s after the eviction"
         );
     }
-    let nominated = eventually("b-0 nominated to n1", || async {
-        let p = env.get("b-0").await?;
-        p.status?.nominated_node_name
-    })
-    .await;
-    assert_eq!(nominated, "n1");
-    // Past bind_wait_timeout, and long before the grace period ends: b-0 still waits,
-    // nominated, and no further victim was taken.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    (env, coordinator, agent, victims)
+}
+
+/// The [`SLOW_VICTIMS`] being deleted, with their deletion times.
+async fn terminating(env: &Env) -> Vec<(String, jiff::Timestamp)> {
+    let mut out = Vec::new();
+    for name in SLOW_VICTIMS {
+        if let Some(p) = env.get(name).await
+            && let Some(t) = p.metadata.deletion_timestamp
+        {
+            out.push((name.to_owned(), t.0));
+        }
+    }
+    out
+}
+
+/// Checks, some seconds into the victims' grace period, that `b-0` waits nominated to `n1`
+/// and that no further victim was taken; then that it is bound once they are gone (never
+/// before) and that the other two pods of `a` still run.
+async fn assert_waits_for_victims_only(env: &Env, victims: &[(String, jiff::Timestamp)]) {
     let b = env.get("b-0").await.unwrap();
     assert_eq!(node_of(&b), None, "b-0 was bound while its victims ran");
     assert_eq!(
         b.status.and_then(|s| s.nominated_node_name).as_deref(),
         Some("n1")
     );
-    let names = |v: Vec<(String, jiff::Timestamp)>| -> Vec<String> {
-        v.into_iter().map(|(n, _)| n).collect()
+    let names = |v: &[(String, jiff::Timestamp)]| -> Vec<String> {
+        v.iter().map(|(n, _)| n.clone()).collect()
     };
-    assert_eq!(names(terminating().await), names(victims.clone()));
-    // Bound once its victims are gone, never before.
+    assert_eq!(names(&terminating(env).await), names(victims));
     eventually("b-0 bound after its victims are gone", || async {
         let b = env.get("b-0").await?;
         node_of(&b)?;
-        for (name, _) in &victims {
+        for (name, _) in victims {
             assert!(
                 env.get(name).await.is_none(),
                 "b-0 was bound while {name} was still there"
@@ -769,21 +778,49 @@ async fn a_reclaimer_waits_for_its_victims_grace_period_and_takes_no_more() {
         Some(())
     })
     .await;
-    let survivors: Vec<String> = {
-        let mut out = Vec::new();
-        for name in &a {
-            if let Some(p) = env.get(name).await {
-                assert!(
-                    p.metadata.deletion_timestamp.is_none(),
-                    "{name} evicted too"
-                );
-                out.push(name.clone());
-            }
+    let mut survivors = 0;
+    for name in SLOW_VICTIMS {
+        if let Some(p) = env.get(name).await {
+            assert!(
+                p.metadata.deletion_timestamp.is_none(),
+                "{name} evicted too"
+            );
+            survivors += 1;
         }
-        out
-    };
-    assert_eq!(survivors.len(), 2, "only what b-0 needed was evicted");
+    }
+    assert_eq!(survivors, 2, "only what b-0 needed was evicted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaimer_waits_for_its_victims_grace_period_and_takes_no_more() {
+    let (env, coordinator, _agent, victims) = reclaim_from_slow_victims(12).await;
+    let nominated = eventually("b-0 nominated to n1", || async {
+        env.get("b-0").await?.status?.nominated_node_name
+    })
+    .await;
+    assert_eq!(nominated, "n1");
+    // Past bind_wait_timeout, and long before the grace period ends.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_waits_for_victims_only(&env, &victims).await;
     coordinator.shutdown().await;
+    drop(env);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_lets_a_nominated_pod_wait_for_its_victims() {
+    let (env, first, _agent, victims) = reclaim_from_slow_victims(20).await;
+    eventually("b-0 nominated to n1", || async {
+        env.get("b-0").await?.status?.nominated_node_name
+    })
+    .await;
+    // The leader dies while b-0 waits; the next one knows nothing of the decision but what
+    // the API shows: b-0 nominated to n1, two pods terminating there.
+    first.kill();
+    let second = env.start("c2").await;
+    eventually("c2 to lead", || async { second.is_leader().then_some(()) }).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_waits_for_victims_only(&env, &victims).await;
+    second.shutdown().await;
     drop(env);
 }
 

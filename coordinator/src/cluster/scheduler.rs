@@ -12,7 +12,10 @@
 //! the API or finished, grace period included. Meanwhile the pod's `status.nominatedNodeName`
 //! names the node, and the wait is bounded by the victims' `deletionTimestamp` (the end of
 //! their grace period) plus a margin, not by `bind_wait_timeout`; a held decision is never
-//! decided again (the core sees it placed) and so takes no further victims. Also held while the node has a bound pod not yet
+//! decided again (the core sees it placed) and so takes no further victims. A new leader,
+//! which does not know the decision, leaves a pod nominated to a node with pods still
+//! terminating there out of its snapshots until they are gone (or that bound has passed), for
+//! the same reason. Also held while the node has a bound pod not yet
 //! allocated by its agent that asks for the same number of `nvidia.com/gpu` slots with a
 //! different assignment: the kubelet's Allocate call carries no pod identity, so the agent
 //! tells such pods apart only by their slot count. Held decisions keep their place in the
@@ -256,7 +259,7 @@ impl Scheduler {
             below_min_member_since: self.state.below_min_since.clone(),
         };
         let now = jiff::Timestamp::now().as_second().max(0) as u64;
-        let translated = snapshot::build(
+        let mut translated = snapshot::build(
             &store,
             &agents,
             &overlay,
@@ -267,6 +270,15 @@ impl Scheduler {
                 scheduler_name: &self.config.scheduler_name,
             },
         );
+        // Pods an earlier leader nominated while their victims terminate are not decided again
+        // until those are gone (or past their grace period): the victims keep their GPUs, so a
+        // new decision would take further victims.
+        let nominated =
+            nominated_to_terminating(&store, &self.state.decided, &self.config.scheduler_name);
+        translated
+            .snapshot
+            .pods
+            .retain(|p| !nominated.contains(&p.uid));
         let started = Instant::now();
         let decisions = schedule(&translated.snapshot, &self.config.cycle);
         self.metrics.observe_cycle(started.elapsed());
@@ -302,7 +314,8 @@ impl Scheduler {
             )
             .map(|(uid, d)| (uid.clone(), d.node.clone()))
             .collect();
-        let keep: BTreeSet<String> = self.state.decided.keys().cloned().collect();
+        let mut keep: BTreeSet<String> = self.state.decided.keys().cloned().collect();
+        keep.extend(nominated);
         self.status
             .nominations(&store, &self.config.scheduler_name, &waiting, &keep)
             .await;
@@ -806,6 +819,49 @@ fn victims_gone(store: &Store, victims: &BTreeSet<String>) -> bool {
     victims
         .iter()
         .all(|v| store.pods.get(v).is_none_or(|p| is_finished(p)))
+}
+
+/// This scheduler's pending pods without a decision of this replica whose
+/// `status.nominatedNodeName` (written by an earlier leader) names a node where evicted pods
+/// are still terminating within their grace period plus [`VICTIM_MARGIN`].
+fn nominated_to_terminating(
+    store: &Store,
+    decided: &BTreeMap<String, Decided>,
+    scheduler_name: &str,
+) -> BTreeSet<String> {
+    let now = jiff::Timestamp::now();
+    let margin = jiff::SignedDuration::try_from(VICTIM_MARGIN).unwrap_or_default();
+    let terminating: BTreeSet<&str> = store
+        .pods
+        .values()
+        .filter(|p| !is_finished(p))
+        .filter(|p| {
+            p.metadata
+                .deletion_timestamp
+                .as_ref()
+                .is_some_and(|t| now.duration_since(t.0) <= margin)
+        })
+        .filter_map(|p| node_of(p))
+        .collect();
+    if terminating.is_empty() {
+        return BTreeSet::new();
+    }
+    store
+        .pods
+        .iter()
+        .filter(|(uid, p)| {
+            let spec = p.spec.as_ref();
+            !decided.contains_key(*uid)
+                && node_of(p).is_none()
+                && p.metadata.deletion_timestamp.is_none()
+                && spec.and_then(|s| s.scheduler_name.as_deref()) == Some(scheduler_name)
+                && p.status
+                    .as_ref()
+                    .and_then(|s| s.nominated_node_name.as_deref())
+                    .is_some_and(|n| terminating.contains(n))
+        })
+        .map(|(uid, _)| uid.clone())
+        .collect()
 }
 
 /// Why a held decision has waited too long, if it has. While victims remain: once the latest
