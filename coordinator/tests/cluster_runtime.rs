@@ -4,17 +4,19 @@
 //! mark where a test needs it. The nodes' kubelets end deleted pods, as real ones do, so an
 //! eviction completes.
 
+mod fault_proxy;
+
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
+use fault_proxy::{Fault, FaultProxy};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use kube::client::Body;
 use serde_json::json;
 use tessera_coordinator::agents::AgentRegistry;
 use tessera_coordinator::cluster::leader::LeaseConfig;
@@ -108,6 +110,7 @@ impl Env {
             registry: Some(self.registry.clone()),
             agent_timeout: Duration::from_secs(3600),
             cycle_interval: Duration::from_millis(200),
+            bind_call_timeout: Duration::from_secs(2),
             ..CoordinatorConfig::default()
         }
     }
@@ -133,14 +136,31 @@ impl Env {
         annotations: serde_json::Value,
         labels: serde_json::Value,
     ) {
+        self.create_pod_with(name, gpus, annotations, labels, json!({}))
+            .await;
+    }
+
+    /// [`Env::create_pod`] with more fields in the pod's spec.
+    async fn create_pod_with(
+        &self,
+        name: &str,
+        gpus: u32,
+        annotations: serde_json::Value,
+        labels: serde_json::Value,
+        extra_spec: serde_json::Value,
+    ) {
         let mut resources = json!({"requests": {"cpu": "1", "memory": "1Gi"}});
         if gpus > 0 {
             resources["limits"] = json!({"nvidia.com/gpu": gpus.to_string()});
         }
+        let mut spec = json!({"schedulerName": "tessera",
+            "containers": [{"name": "main", "image": "busybox", "resources": resources}]});
+        if let (Some(s), Some(extra)) = (spec.as_object_mut(), extra_spec.as_object()) {
+            s.extend(extra.clone());
+        }
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": name, "annotations": annotations, "labels": labels},
-            "spec": {"schedulerName": "tessera",
-                     "containers": [{"name": "main", "image": "busybox", "resources": resources}]},
+            "spec": spec,
         }))
         .unwrap();
         self.pods()
@@ -334,56 +354,9 @@ async fn pods_are_bound_with_assignments_and_events() {
     drop(env);
 }
 
-/// A client in front of the real one that answers `POST .../pods/<name>/binding` with 500 for
-/// one pod and passes everything else to the API server: the API rejecting one bind.
-#[derive(Clone)]
-struct RejectBinding {
-    inner: kube::Client,
-    pod: Arc<str>,
-}
-
-impl tower::Service<http::Request<Body>> for RejectBinding {
-    type Response = http::Response<Body>;
-    type Error = kube::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        let path = req.uri().path().to_owned();
-        if req.method() == http::Method::POST
-            && path.ends_with(&format!("/pods/{}/binding", self.pod))
-        {
-            let body = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                              "message": "injected failure", "reason": "InternalError", "code": 500});
-            let response = http::Response::builder()
-                .status(500)
-                .header("content-type", "application/json")
-                .body(Body::from(serde_json::to_vec(&body).unwrap()))
-                .unwrap();
-            return Box::pin(async move { Ok(response) });
-        }
-        let inner = self.inner.clone();
-        Box::pin(async move { inner.send(req).await })
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gang_with_a_rejected_bind_is_not_left_partial() {
-    let mut env = env().await;
-    env.node("n1", 4).await;
-    env.node("n2", 4).await;
-    let client = kube::Client::new(
-        RejectBinding {
-            inner: env.client.clone(),
-            pod: Arc::from("gang-2"),
-        },
-        "default",
-    );
-    let coordinator = env.start_with(client, "c1").await;
-    let _agent = env.allocate_bound_pods();
+/// Creates `gang-0..2`, a gang of three 2-GPU pods, and returns the pod of the first Binding
+/// `proxy` sees.
+async fn create_gang(env: &Env, proxy: &FaultProxy) -> String {
     for i in 0..3 {
         env.create_pod(
             &format!("gang-{i}"),
@@ -393,41 +366,135 @@ async fn a_gang_with_a_rejected_bind_is_not_left_partial() {
         )
         .await;
     }
-    // A pod outside the gang is unaffected.
-    env.create_pod("solo", 1, json!({}), json!({})).await;
-    bound(&env, "solo").await;
-    eventually("the rejected bind reported", || async {
-        env.events_for("gang-2")
+    eventually("the first Binding", || async {
+        proxy.bindings().first().cloned()
+    })
+    .await
+}
+
+/// Starts the coordinator behind a fault proxy, creates a gang of three whose second Binding
+/// suffers `fault` (and whose first `throttled_evictions` evictions get 429), and waits until
+/// the member bound first has been evicted with the gang named; returns the proxy.
+async fn gang_with_a_failed_bind(
+    env: &Env,
+    fault: Fault,
+    throttled_evictions: usize,
+) -> (FaultProxy, CoordinatorHandle) {
+    let proxy = FaultProxy::start(env.client.clone()).await;
+    let coordinator = env.start_with(proxy.client(), "c1").await;
+    proxy.on_nth_binding(2, fault);
+    proxy.throttle_evictions(throttled_evictions);
+    let first = create_gang(env, &proxy).await;
+    eventually(&format!("{first} to be evicted as a partial gang"), || {
+        evicted_as_partial_gang(env, &first)
+    })
+    .await;
+    (proxy, coordinator)
+}
+
+/// The event of `name`'s eviction as a member of a gang that could not be bound whole.
+async fn evicted_as_partial_gang(env: &Env, name: &str) -> Option<Event> {
+    env.events_for(name).await.into_iter().find(|e| {
+        e.reason.as_deref() == Some("Evicted")
+            && e.message.as_deref().unwrap_or("").contains("partial gang")
+    })
+}
+
+/// Whether any of the gang's pods is bound now.
+async fn any_gang_member_bound(env: &Env) -> bool {
+    for i in 0..3 {
+        if let Some(p) = env.get(&format!("gang-{i}")).await
+            && node_of(&p).is_some()
+            && p.metadata.deletion_timestamp.is_none()
+        {
+            return true;
+        }
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_with_a_throttled_bind_is_not_left_partial() {
+    let mut env = env().await;
+    env.node("n1", 4).await;
+    env.node("n2", 4).await;
+    let _agent = env.allocate_bound_pods();
+    let (proxy, coordinator) = gang_with_a_failed_bind(&env, Fault::Throttle, 0).await;
+    let throttled = proxy.bindings()[1].clone();
+    eventually("the throttled bind reported", || async {
+        env.events_for(&throttled)
             .await
             .into_iter()
             .find(|e| e.reason.as_deref() == Some("FailedBinding"))
     })
     .await;
-    // Whatever was bound before the failure is evicted; the gang never runs partially.
     eventually("no gang member left bound", || async {
-        let mut any_bound = false;
-        for i in 0..3 {
-            if let Some(p) = env.get(&format!("gang-{i}")).await {
-                any_bound |= node_of(&p).is_some();
-            }
-        }
-        (!any_bound).then_some(())
+        (!any_gang_member_bound(&env).await).then_some(())
     })
     .await;
-    assert!(node_of(&env.get("gang-2").await.unwrap()).is_none());
-    for i in 0..2 {
-        let name = format!("gang-{i}");
-        if env.get(&name).await.is_none() {
-            let evicted = env.events_for(&name).await.into_iter().any(|e| {
-                e.reason.as_deref() == Some("Evicted")
-                    && e.message.as_deref().unwrap_or("").contains("partial gang")
-            });
-            assert!(
-                evicted,
-                "{name} is gone without an Evicted event naming the gang"
-            );
-        }
-    }
+    assert!(node_of(&env.get(&throttled).await.unwrap()).is_none());
+    // The third member was never tried, and the gang is not tried again: its first member
+    // is gone, so it can no longer be whole.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(proxy.bindings().len(), 2, "{:?}", proxy.bindings());
+    // A pod outside the gang is unaffected.
+    env.create_pod("solo", 1, json!({}), json!({})).await;
+    bound(&env, "solo").await;
+    coordinator.shutdown().await;
+    drop(env);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_the_server_keeps_throttling_is_retried_in_later_cycles() {
+    let mut env = env().await;
+    env.node("n1", 4).await;
+    env.node("n2", 4).await;
+    let _agent = env.allocate_bound_pods();
+    // More 429s than the binder's own tries (3): the member stays bound past the failed
+    // unit's cycle, and a later cycle evicts it.
+    let (proxy, coordinator) = gang_with_a_failed_bind(&env, Fault::Throttle, 4).await;
+    let first = proxy.bindings()[0].clone();
+    let tries = proxy.evictions();
+    assert!(
+        tries.len() >= 5 && tries.iter().all(|p| *p == first),
+        "evictions: {tries:?}"
+    );
+    eventually("no gang member left bound", || async {
+        (!any_gang_member_bound(&env).await).then_some(())
+    })
+    .await;
+    // While the first member was still bound (and counted towards the gang by the core), the
+    // other two were not bound to complete it: it would have been partial once it left.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(proxy.bindings().len(), 2, "{:?}", proxy.bindings());
+    coordinator.shutdown().await;
+    drop(env);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_bind_answered_too_late_is_rolled_back_once_it_lands() {
+    let mut env = env().await;
+    env.node("n1", 4).await;
+    env.node("n2", 4).await;
+    let _agent = env.allocate_bound_pods();
+    // The coordinator gives up on a Binding after 2 s (see `config`); this one is applied
+    // after 5 s, when the unit has already been rolled back.
+    let (proxy, coordinator) =
+        gang_with_a_failed_bind(&env, Fault::Delay(Duration::from_secs(5)), 0).await;
+    let late = proxy.bindings()[1].clone();
+    eventually(&format!("{late}'s late bind to land"), || async {
+        env.get(&late).await.and_then(|p| node_of(&p))
+    })
+    .await;
+    eventually(&format!("{late} to be rolled back once bound"), || {
+        evicted_as_partial_gang(&env, &late)
+    })
+    .await;
+    eventually("no gang member left bound", || async {
+        (!any_gang_member_bound(&env).await).then_some(())
+    })
+    .await;
+    assert_eq!(proxy.bindings().len(), 2, "{:?}", proxy.bindings());
     coordinator.shutdown().await;
     drop(env);
 }
@@ -651,6 +718,148 @@ async fn reclaim_evicts_with_an_event_and_places_the_reclaimer() {
     drop(env);
 }
 
+/// The pods of queue `a` in [`reclaim_from_slow_victims`].
+const SLOW_VICTIMS: [&str; 4] = ["a-0", "a-1", "a-2", "a-3"];
+
+/// One 4-GPU node full with the four [`SLOW_VICTIMS`] of queue `a`, whose containers ignore
+/// SIGTERM (each runs until its `grace` seconds end), and coordinator `c1` with a
+/// `bind_wait_timeout` (2 s) far shorter than that; then `b-0` of queue `b` asks for two GPUs,
+/// which reclaim must take from `a`. Returns once two victims are terminating, with their
+/// deletion times, after checking the server set those to the eviction plus the grace period.
+async fn reclaim_from_slow_victims(
+    grace: i64,
+) -> (
+    Env,
+    CoordinatorHandle,
+    tokio::task::JoinHandle<()>,
+    Vec<(String, jiff::Timestamp)>,
+) {
+    let mut env = env().await;
+    env.node("n1", 4).await;
+    queue(&env.client, "a", 2.0).await;
+    queue(&env.client, "b", 2.0).await;
+    let mut config = env.config("c1");
+    config.bind_wait_timeout = Duration::from_secs(2);
+    let coordinator = Coordinator::start(env.client.clone(), config)
+        .await
+        .unwrap();
+    let agent = env.allocate_bound_pods();
+    for name in SLOW_VICTIMS {
+        env.create_pod_with(
+            name,
+            1,
+            json!({"kubelet-lite.tessera.dev/sigterm": "ignore"}),
+            json!({"tessera.dev/queue": "a"}),
+            json!({"terminationGracePeriodSeconds": grace}),
+        )
+        .await;
+        bound(&env, name).await;
+    }
+    env.create_pod("b-0", 2, json!({}), json!({"tessera.dev/queue": "b"}))
+        .await;
+    let evicted_at = jiff::Timestamp::now();
+    let victims = eventually("two of a's pods evicted", || async {
+        let v = terminating(&env).await;
+        (v.len() == 2).then_some(v)
+    })
+    .await;
+    // The server sets deletionTimestamp to the deletion plus the grace period: the end of the
+    // wait the coordinator honours.
+    for (name, end) in &victims {
+        let ahead = end.duration_since(evicted_at).as_secs();
+        assert!(
+            (grace - 2..=grace + 1).contains(&ahead),
+            "{name}: deletionTimestamp {ahead} s after the eviction"
+        );
+    }
+    (env, coordinator, agent, victims)
+}
+
+/// The [`SLOW_VICTIMS`] being deleted, with their deletion times.
+async fn terminating(env: &Env) -> Vec<(String, jiff::Timestamp)> {
+    let mut out = Vec::new();
+    for name in SLOW_VICTIMS {
+        if let Some(p) = env.get(name).await
+            && let Some(t) = p.metadata.deletion_timestamp
+        {
+            out.push((name.to_owned(), t.0));
+        }
+    }
+    out
+}
+
+/// Checks, some seconds into the victims' grace period, that `b-0` waits nominated to `n1`
+/// and that no further victim was taken; then that it is bound once they are gone (never
+/// before) and that the other two pods of `a` still run.
+async fn assert_waits_for_victims_only(env: &Env, victims: &[(String, jiff::Timestamp)]) {
+    let b = env.get("b-0").await.unwrap();
+    assert_eq!(node_of(&b), None, "b-0 was bound while its victims ran");
+    assert_eq!(
+        b.status.and_then(|s| s.nominated_node_name).as_deref(),
+        Some("n1")
+    );
+    let names = |v: &[(String, jiff::Timestamp)]| -> Vec<String> {
+        v.iter().map(|(n, _)| n.clone()).collect()
+    };
+    assert_eq!(names(&terminating(env).await), names(victims));
+    eventually("b-0 bound after its victims are gone", || async {
+        let b = env.get("b-0").await?;
+        node_of(&b)?;
+        for (name, _) in victims {
+            assert!(
+                env.get(name).await.is_none(),
+                "b-0 was bound while {name} was still there"
+            );
+        }
+        Some(())
+    })
+    .await;
+    let mut survivors = 0;
+    for name in SLOW_VICTIMS {
+        if let Some(p) = env.get(name).await {
+            assert!(
+                p.metadata.deletion_timestamp.is_none(),
+                "{name} evicted too"
+            );
+            survivors += 1;
+        }
+    }
+    assert_eq!(survivors, 2, "only what b-0 needed was evicted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaimer_waits_for_its_victims_grace_period_and_takes_no_more() {
+    let (env, coordinator, _agent, victims) = reclaim_from_slow_victims(12).await;
+    let nominated = eventually("b-0 nominated to n1", || async {
+        env.get("b-0").await?.status?.nominated_node_name
+    })
+    .await;
+    assert_eq!(nominated, "n1");
+    // Past bind_wait_timeout, and long before the grace period ends.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_waits_for_victims_only(&env, &victims).await;
+    coordinator.shutdown().await;
+    drop(env);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_lets_a_nominated_pod_wait_for_its_victims() {
+    let (env, first, _agent, victims) = reclaim_from_slow_victims(20).await;
+    eventually("b-0 nominated to n1", || async {
+        env.get("b-0").await?.status?.nominated_node_name
+    })
+    .await;
+    // The leader dies while b-0 waits; the next one knows nothing of the decision but what
+    // the API shows: b-0 nominated to n1, two pods terminating there.
+    first.kill();
+    let second = env.start("c2").await;
+    eventually("c2 to lead", || async { second.is_leader().then_some(()) }).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_waits_for_victims_only(&env, &victims).await;
+    second.shutdown().await;
+    drop(env);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_with_the_same_gpu_count_bind_one_at_a_time_per_node() {
     let mut env = env().await;
@@ -704,8 +913,9 @@ async fn a_new_leader_rebuilds_from_the_api_without_binding_twice() {
         m
     };
     first.kill();
-    // The old leader died between writing an assignment and binding: a stale annotation on an
-    // unbound pod, naming GPUs a running pod holds.
+    // A stale assignment on an unbound pod, naming GPUs a running pod holds (as an earlier
+    // coordinator version, which annotated before binding, could leave when it died between
+    // the two writes): the Binding's own annotation replaces it.
     let held = before["gang-0"].1.clone().unwrap();
     env.create_pod(
         "orphan",
@@ -764,4 +974,76 @@ async fn a_new_leader_rebuilds_from_the_api_without_binding_twice() {
     assert_eq!(binds.len(), 3, "{binds:?}");
     second.shutdown().await;
     drop(env);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_loses_its_lease_mid_gang_writes_nothing_more() {
+    let mut env = env().await;
+    env.node("n1", 4).await;
+    env.node("n2", 4).await;
+    let _agent = env.allocate_bound_pods();
+    let proxy = FaultProxy::start(env.client.clone()).await;
+    let coordinator = env.start_with(proxy.client(), "c1").await;
+    // While the gang's first Binding is on its way, another replica takes the Lease, and the
+    // coordinator notices before that Binding is answered.
+    let leadership = coordinator.leadership();
+    proxy.on_nth_binding(
+        1,
+        Fault::Before(Arc::new(move |admin, _| {
+            let mut leadership = leadership.clone();
+            Box::pin(async move {
+                steal_lease(&admin, "tessera-test").await;
+                tokio::time::timeout(WAIT, leadership.wait_for(|leads| !leads))
+                    .await
+                    .expect("the coordinator noticed it lost the Lease")
+                    .expect("the coordinator is running");
+            })
+        })),
+    );
+    let first = create_gang(&env, &proxy).await;
+    bound(&env, &first).await;
+    assert!(!coordinator.is_leader());
+    // Several cycles' worth of time: the deposed replica only reads.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let requests = proxy.requests();
+    let at = requests
+        .iter()
+        .position(|(m, p)| m == http::Method::POST && p.ends_with("/binding"))
+        .expect("the first Binding");
+    let writes: Vec<_> = requests[at + 1..]
+        .iter()
+        .filter(|(m, p)| m != http::Method::GET && !p.contains("/leases/"))
+        .collect();
+    assert!(
+        writes.is_empty(),
+        "written after losing the Lease: {writes:?}"
+    );
+    assert_eq!(proxy.bindings(), vec![first.clone()]);
+    for i in 0..3 {
+        let name = format!("gang-{i}");
+        if name != first {
+            assert_eq!(node_of(&env.get(&name).await.unwrap()), None, "{name}");
+        }
+    }
+    coordinator.kill();
+    drop(env);
+}
+
+/// Makes another identity hold the Lease `name` in `default` for an hour, as a replica that
+/// took over would.
+async fn steal_lease(admin: &kube::Client, name: &str) {
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), "default");
+    loop {
+        let mut lease = leases.get(name).await.expect("the Lease exists");
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        spec.holder_identity = Some("thief".into());
+        spec.lease_duration_seconds = Some(3600);
+        spec.renew_time = Some(MicroTime(jiff::Timestamp::now()));
+        match leases.replace(name, &PostParams::default(), &lease).await {
+            Ok(_) => return,
+            // The holder renewed in between: try again on its new version.
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) => panic!("taking the Lease: {e}"),
+        }
+    }
 }

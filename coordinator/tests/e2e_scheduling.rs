@@ -104,7 +104,7 @@ async fn gang_of_four_two_gpu_pods_is_bound_whole_on_nvlink_pairs() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gang_assignments_are_all_written_before_any_member_is_bound() {
+async fn gang_members_are_bound_with_their_assignments_in_one_write() {
     let e2e = E2e::start(Setup::two_nodes()).await;
     e2e.create_pod_group("train", 4, None, None).await;
     let gang = names("train", 4);
@@ -112,7 +112,7 @@ async fn gang_assignments_are_all_written_before_any_member_is_bound() {
         e2e.create(pod(name).gpus(2).group("train")).await;
     }
     e2e.wait_running(&gang).await;
-    e2e.assert_gang_assigned_before_bound(&gang);
+    e2e.assert_bound_with_assignment_in_one_write(&gang);
     e2e.shutdown().await;
 }
 

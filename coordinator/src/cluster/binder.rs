@@ -1,21 +1,30 @@
-//! Writes decisions to the API server: the assignment annotation, then the Binding; evictions
+//! Writes decisions to the API server: one Binding per pod, carrying its assignment; evictions
 //! through the Eviction API.
 //!
-//! A unit (a gang, or a single pod) is written in two passes: every member's
-//! `tessera.dev/assignment` first, then every Binding. If any call fails, the members not yet
-//! bound stay unbound and the ones already bound are evicted again, so no partial gang runs.
-//! A member whose patch went through but whose Binding did not keeps a stale annotation; it is
-//! harmless (the agent reads only pods bound to its node) and the next decision overwrites it.
+//! A pod is placed by a single write: the Binding's `metadata.annotations` hold
+//! `tessera.dev/assignment` and `tessera.dev/assigned-at`, and the API server copies them onto
+//! the pod in the same update that sets `spec.nodeName`. An agent therefore never sees a pod
+//! bound to its node without its assignment, and a refused Binding leaves nothing behind. The
+//! Binding carries the pod's UID, which the server checks as a precondition: a pod deleted and
+//! recreated under the same name since the decision is not bound.
+//!
+//! A unit (a gang, or a single pod) is bound member by member and stops at the first failure.
+//! Undoing the members already bound is [`Binder::roll_back_unit`], the one rollback used for
+//! every way a unit fails (a refused or unanswered Binding, a node that never cleared, a member
+//! given up); the scheduler decides what to roll back.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
 use k8s_openapi::api::policy::v1::Eviction;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     DeleteOptions, ObjectMeta, Preconditions as MetaPreconditions,
 };
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use serde_json::json;
+use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 
 use super::events::{self, EventKind, EventWriter};
+use super::gate::NotLeading;
 use super::{ASSIGNED_AT_ANNOTATION, ASSIGNMENT_ANNOTATION};
 use crate::model::Assignment;
 
@@ -32,12 +41,17 @@ pub struct BindTarget {
     pub node: String,
     /// The exact GPU assignment.
     pub assignment: Assignment,
-    /// The resourceVersion the decision was made on: the assignment write is refused (409)
-    /// when the pod changed since, e.g. another replica bound it.
-    pub resource_version: Option<String>,
-    /// The assignment annotation is already written (by [`Binder::annotate`]); only the
-    /// Binding remains.
-    pub annotated: bool,
+}
+
+impl BindTarget {
+    /// The same pod as an eviction target (for a rollback).
+    pub fn evict_target(&self) -> EvictTarget {
+        EvictTarget {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            uid: self.uid.clone(),
+        }
+    }
 }
 
 /// A pod to evict.
@@ -51,19 +65,41 @@ pub struct EvictTarget {
     pub uid: String,
 }
 
-/// What became of a unit.
+/// A Binding that did not go through.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BindFailure {
+    /// The pod's UID.
+    pub uid: String,
+    /// What went wrong, for logs and status.
+    pub error: String,
+    /// No answer came (a timeout, a broken connection, a 5xx) and the pod could not be shown
+    /// unbound: the server may still have bound it, or may bind it late. The caller watches
+    /// for it and rolls it back if it shows up bound. `false` when the server refused the
+    /// Binding (any 4xx, including 409 already bound or UID mismatch, 404 deleted and 429
+    /// throttled): the pod is not bound by this call.
+    pub maybe_bound: bool,
+    /// This replica lost the Lease: the write gate ([`super::gate`]) did not send the Binding,
+    /// and will send nothing more, rollbacks and events included.
+    pub deposed: bool,
+}
+
+/// What became of one wave of a unit's Bindings.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct UnitOutcome {
-    /// UIDs bound (and left bound).
+    /// UIDs bound, in order. On a failure these are still bound: the caller rolls them back.
     pub bound: Vec<String>,
-    /// The first failure: the pod's UID and the error text.
-    pub failed: Option<(String, String)>,
-    /// UIDs bound during this unit and evicted again because another member failed.
+    /// The first failure; the members after it were not tried.
+    pub failed: Option<BindFailure>,
+}
+
+/// What became of a rollback.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RollbackOutcome {
+    /// UIDs evicted (or deleted past a disruption budget), or already gone.
     pub rolled_back: Vec<String>,
-    /// UIDs bound during this unit whose rollback eviction the API server kept throttling
-    /// (429 without a disruption-budget cause): still bound, not in `rolled_back`, to be
-    /// evicted again later.
-    pub rollback_throttled: Vec<String>,
+    /// UIDs the API server kept throttling, or whose eviction got no answer: still bound, to
+    /// be rolled back again later.
+    pub retry: Vec<String>,
 }
 
 /// How an eviction ended.
@@ -124,140 +160,98 @@ impl EvictionRefusal {
 /// `policy/v1.DisruptionBudgetCause`, the cause the eviction handler puts on a budget refusal.
 const DISRUPTION_BUDGET_CAUSE: &str = "DisruptionBudget";
 
-/// How often a gang rollback retries a throttled eviction before leaving the member to the
-/// next cycle (the stale-gang eviction), and the longest it waits between two tries.
+/// How often a gang rollback retries a throttled eviction before handing the member back in
+/// [`RollbackOutcome::retry`] (the scheduler tries again in later cycles), and the longest it
+/// waits between two tries.
 const ROLLBACK_TRIES: usize = 3;
 const ROLLBACK_MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How long one Binding, eviction or deletion may go unanswered before it counts as failed,
+/// unless set with [`Binder::with_call_timeout`]. The client has no read timeout of its own
+/// (kube's default), and one hung call would stall the scheduling loop.
+const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Writes bindings and evictions.
 #[derive(Clone)]
 pub struct Binder {
     client: kube::Client,
     events: EventWriter,
+    call_timeout: Duration,
 }
 
 impl Binder {
     /// A binder writing through `client`, reporting through `events`.
     pub fn new(client: kube::Client, events: EventWriter) -> Self {
-        Self { client, events }
+        Self {
+            client,
+            events,
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+        }
+    }
+
+    /// The same binder giving up on a Binding, eviction or deletion unanswered after `timeout`.
+    pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
     }
 
     fn pods(&self, namespace: &str) -> Api<Pod> {
         Api::namespaced(self.client.clone(), namespace)
     }
 
-    /// Writes the assignment annotation of every target; on the first failure stops and
-    /// returns the pod's UID and the error (with an event on the pod).
-    pub async fn annotate(&self, targets: &[BindTarget]) -> Result<(), (String, String)> {
-        let at = jiff::Timestamp::now().to_string();
-        for t in targets {
-            if let Err(e) = self.write_assignment(t, &at).await {
-                self.report_failure(t, &e.to_string()).await;
-                return Err((
-                    t.uid.clone(),
-                    format!("writing {ASSIGNMENT_ANNOTATION}: {e}"),
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// Writes the assignment annotations of every member, then binds each; on the first
-    /// failure binds nothing more and evicts the members bound so far.
-    pub async fn bind_unit(&self, unit: &[BindTarget]) -> UnitOutcome {
+    /// Binds every member of `wave` in order, each with its assignment in the Binding, and
+    /// stops at the first failure (reported in an event on the pod). Nothing is rolled back
+    /// here: the members bound so far stay in [`UnitOutcome::bound`] for the caller to hand to
+    /// [`Binder::roll_back_unit`] together with what earlier waves bound.
+    pub async fn bind_unit(&self, wave: &[BindTarget]) -> UnitOutcome {
         let mut outcome = UnitOutcome::default();
         let at = jiff::Timestamp::now().to_string();
-        for t in unit.iter().filter(|t| !t.annotated) {
-            if let Err(e) = self.write_assignment(t, &at).await {
-                outcome.failed = Some((
-                    t.uid.clone(),
-                    format!("writing {ASSIGNMENT_ANNOTATION}: {e}"),
-                ));
-                self.report_failure(t, &e.to_string()).await;
-                return outcome;
-            }
-        }
-        for t in unit {
-            match self.bind(t).await {
+        for t in wave {
+            match self.bind(t, &at).await {
                 Ok(()) => outcome.bound.push(t.uid.clone()),
-                Err(e) => {
-                    outcome.failed = Some((t.uid.clone(), format!("binding to {}: {e}", t.node)));
-                    self.report_failure(t, &e.to_string()).await;
+                Err(failure) => {
+                    if failure.deposed {
+                        // No event either: it would not be sent.
+                        outcome.failed = Some(failure);
+                        return outcome;
+                    }
+                    self.report_failure(t, &failure.error).await;
+                    outcome.failed = Some(failure);
                     break;
                 }
             }
         }
-        if outcome.failed.is_some() && !outcome.bound.is_empty() {
-            let failed = outcome
-                .failed
-                .as_ref()
-                .map(|f| f.0.clone())
-                .unwrap_or_default();
-            let failed_name = unit
-                .iter()
-                .find(|t| t.uid == failed)
-                .map(|t| format!("{}/{}", t.namespace, t.name))
-                .unwrap_or(failed);
-            let reason = format!(
-                "gang member {failed_name} could not be bound; evicting the members already bound so no partial gang runs"
-            );
-            for uid in std::mem::take(&mut outcome.bound) {
-                let Some(t) = unit.iter().find(|t| t.uid == uid) else {
-                    continue;
-                };
-                let target = EvictTarget {
-                    namespace: t.namespace.clone(),
-                    name: t.name.clone(),
-                    uid: t.uid.clone(),
-                };
-                // A refused eviction (disruption budget) must not leave a partial gang.
-                match self.roll_back(&target, &reason).await {
-                    Ok(EvictOutcome::Throttled { .. }) => {
-                        tracing::warn!(pod = %t.name, "the API server kept throttling the rollback of a gang member; it is evicted later");
-                        outcome.rollback_throttled.push(uid);
-                    }
-                    Ok(_) => outcome.rolled_back.push(uid),
-                    Err(e) => {
-                        tracing::warn!(pod = %t.name, error = %e, "could not roll back a gang member");
-                        outcome.rolled_back.push(uid);
-                    }
-                }
-            }
-        }
-        for t in unit.iter().filter(|t| outcome.bound.contains(&t.uid)) {
-            let gpus: Vec<String> = t
-                .assignment
-                .slices()
-                .map(|s| {
-                    if s.compute_milli >= 1000 {
-                        s.uuid.clone()
-                    } else {
-                        format!("{} ({}‰, {} MiB)", s.uuid, s.compute_milli, s.memory_mib)
-                    }
-                })
-                .collect();
-            let message = if gpus.is_empty() {
-                format!(
-                    "Successfully assigned {}/{} to {}",
-                    t.namespace, t.name, t.node
-                )
-            } else {
-                format!(
-                    "Successfully assigned {}/{} to {} with GPUs {}",
-                    t.namespace,
-                    t.name,
-                    t.node,
-                    gpus.join(", ")
-                )
-            };
+        for t in wave.iter().filter(|t| outcome.bound.contains(&t.uid)) {
             self.events
                 .publish(
                     &pod_object(&t.namespace, &t.name, &t.uid),
                     EventKind::Normal,
                     events::SCHEDULED,
-                    &message,
+                    &scheduled_message(t),
                 )
                 .await;
+        }
+        outcome
+    }
+
+    /// Undoes a unit that cannot run whole: evicts every member in `bound` (each only while it
+    /// is still the pod with its UID), retrying throttled evictions a few times, and deletes a
+    /// member a disruption budget protects (see [`Binder::evict_or_delete`]). Members it could
+    /// not remove come back in [`RollbackOutcome::retry`].
+    pub async fn roll_back_unit(&self, bound: &[EvictTarget], reason: &str) -> RollbackOutcome {
+        let mut outcome = RollbackOutcome::default();
+        for t in bound {
+            match self.roll_back(t, reason).await {
+                Ok(EvictOutcome::Throttled { .. }) => {
+                    tracing::warn!(pod = %t.name, "the API server kept throttling the rollback of a gang member; it is tried again");
+                    outcome.retry.push(t.uid.clone());
+                }
+                Ok(_) => outcome.rolled_back.push(t.uid.clone()),
+                Err(e) => {
+                    tracing::warn!(pod = %t.name, error = %e, "could not roll back a gang member; it is tried again");
+                    outcome.retry.push(t.uid.clone());
+                }
+            }
         }
         outcome
     }
@@ -273,30 +267,19 @@ impl Binder {
             .await;
     }
 
-    async fn write_assignment(&self, t: &BindTarget, at: &str) -> Result<(), kube::Error> {
-        // The resourceVersion makes the write conditional: a pod bound (or recreated under the
-        // same name) since the snapshot must never get a new assignment, or its agent could
-        // read GPUs that belong to another decision.
-        let mut metadata = json!({"annotations": {
-            ASSIGNMENT_ANNOTATION: t.assignment.to_json(),
-            ASSIGNED_AT_ANNOTATION: at,
-        }});
-        if let Some(rv) = &t.resource_version {
-            metadata["resourceVersion"] = json!(rv);
-        }
-        let patch = json!({ "metadata": metadata });
-        self.pods(&t.namespace)
-            .patch(&t.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map(drop)
-    }
-
-    async fn bind(&self, t: &BindTarget) -> Result<(), kube::Error> {
+    /// One Binding with the assignment in its annotations. An unanswered call is looked up:
+    /// a pod found bound to `t.node` with this assignment was bound by it.
+    async fn bind(&self, t: &BindTarget, at: &str) -> Result<(), BindFailure> {
         let binding = Binding {
             metadata: ObjectMeta {
                 name: Some(t.name.clone()),
                 namespace: Some(t.namespace.clone()),
+                // The server's precondition: only the pod this decision was made for.
                 uid: Some(t.uid.clone()),
+                annotations: Some(BTreeMap::from([
+                    (ASSIGNMENT_ANNOTATION.to_owned(), t.assignment.to_json()),
+                    (ASSIGNED_AT_ANNOTATION.to_owned(), at.to_owned()),
+                ])),
                 ..ObjectMeta::default()
             },
             target: ObjectReference {
@@ -306,11 +289,79 @@ impl Binder {
                 ..ObjectReference::default()
             },
         };
-        let _: serde_json::Value = self
-            .pods(&t.namespace)
-            .create_subresource("binding", &t.name, &PostParams::default(), &binding)
-            .await?;
-        Ok(())
+        let pods = self.pods(&t.namespace);
+        let params = PostParams::default();
+        let call =
+            pods.create_subresource::<_, serde_json::Value>("binding", &t.name, &params, &binding);
+        let error = match tokio::time::timeout(self.call_timeout, call).await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(kube::Error::Api(status))) if status.code < 500 => {
+                return Err(BindFailure {
+                    uid: t.uid.clone(),
+                    error: format!(
+                        "binding to {} refused ({} {}): {}",
+                        t.node, status.code, status.reason, status.message
+                    ),
+                    maybe_bound: false,
+                    deposed: false,
+                });
+            }
+            Ok(Err(e)) if NotLeading::is(&e) => {
+                return Err(BindFailure {
+                    uid: t.uid.clone(),
+                    error: e.to_string(),
+                    maybe_bound: false,
+                    deposed: true,
+                });
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {} s", self.call_timeout.as_secs_f32()),
+        };
+        match self.bound_by(t).await {
+            Some(true) => {
+                tracing::info!(pod = %t.name, %error, "a Binding went unanswered but the pod is bound as asked");
+                Ok(())
+            }
+            Some(false) => Err(BindFailure {
+                uid: t.uid.clone(),
+                error: format!("binding to {}: {error}", t.node),
+                // Not bound now; an unanswered request may still be applied late.
+                maybe_bound: true,
+                deposed: false,
+            }),
+            None => Err(BindFailure {
+                uid: t.uid.clone(),
+                error: format!(
+                    "binding to {}: {error} (and the pod could not be read)",
+                    t.node
+                ),
+                maybe_bound: true,
+                deposed: false,
+            }),
+        }
+    }
+
+    /// Whether the pod `t` names is bound to `t.node` with `t.assignment`; `None` when it could
+    /// not be read. A missing pod, or one of another UID, is not bound by this decision.
+    async fn bound_by(&self, t: &BindTarget) -> Option<bool> {
+        let pods = self.pods(&t.namespace);
+        let read = pods.get_opt(&t.name);
+        let pod = tokio::time::timeout(self.call_timeout, read)
+            .await
+            .ok()?
+            .ok()?;
+        let Some(pod) = pod else { return Some(false) };
+        if pod.metadata.uid.as_deref() != Some(&t.uid) {
+            return Some(false);
+        }
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        let assignment = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ASSIGNMENT_ANNOTATION))
+            .and_then(|text| Assignment::from_json(text).ok());
+        Some(node == Some(t.node.as_str()) && assignment.as_ref() == Some(&t.assignment))
     }
 
     /// Evicts a pod through the Eviction API (policy/v1), only if it is still the pod with
@@ -334,9 +385,12 @@ impl Binder {
                 ..DeleteOptions::default()
             }),
         };
-        let result: Result<serde_json::Value, kube::Error> = self
-            .pods(&t.namespace)
-            .create_subresource("eviction", &t.name, &PostParams::default(), &eviction)
+        let pods = self.pods(&t.namespace);
+        let params = PostParams::default();
+        let result = self
+            .answered(pods.create_subresource::<_, serde_json::Value>(
+                "eviction", &t.name, &params, &eviction,
+            ))
             .await;
         self.settle(t, reason, result.map(drop)).await
     }
@@ -370,7 +424,7 @@ impl Binder {
     /// moments ago in the same unit: a budget protects a running workload's availability, and
     /// this member is part of a gang that cannot run whole, so it does no useful work and
     /// holds GPUs the rest of its gang (and others) wait for. Leaving it would be a partial
-    /// gang, the state the two-pass bind exists to prevent. (Pods still Pending are never
+    /// gang, the state the unit rollback exists to prevent. (Pods still Pending are never
     /// guarded by a budget; the server evicts them without one.)
     pub async fn evict_or_delete(
         &self,
@@ -380,7 +434,9 @@ impl Binder {
         match self.evict(t, reason).await {
             Err(e) => match EvictionRefusal::of(&e) {
                 Some(EvictionRefusal::DisruptionBudget) => {
-                    let result = self.pods(&t.namespace).delete(&t.name, &same_pod(t)).await;
+                    let pods = self.pods(&t.namespace);
+                    let params = same_pod(t);
+                    let result = self.answered(pods.delete(&t.name, &params)).await;
                     self.settle(t, reason, result.map(drop)).await
                 }
                 Some(EvictionRefusal::Throttled {
@@ -391,6 +447,20 @@ impl Binder {
                 None => Err(e),
             },
             other => other,
+        }
+    }
+
+    /// `call`, given up after the call timeout (as an error: the caller tries again later).
+    async fn answered<T>(
+        &self,
+        call: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, kube::Error> {
+        match tokio::time::timeout(self.call_timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(kube::Error::Service(Box::new(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer within {} s", self.call_timeout.as_secs_f32()),
+            )))),
         }
     }
 
@@ -434,6 +504,35 @@ fn same_pod(t: &EvictTarget) -> DeleteParams {
 
 fn pod_object(namespace: &str, name: &str, uid: &str) -> ObjectReference {
     events::pod_ref(namespace, name, uid)
+}
+
+/// The `Scheduled` event's text: the node, and the GPUs with their share when fractional.
+fn scheduled_message(t: &BindTarget) -> String {
+    let gpus: Vec<String> = t
+        .assignment
+        .slices()
+        .map(|s| {
+            if s.compute_milli >= 1000 {
+                s.uuid.clone()
+            } else {
+                format!("{} ({}‰, {} MiB)", s.uuid, s.compute_milli, s.memory_mib)
+            }
+        })
+        .collect();
+    if gpus.is_empty() {
+        format!(
+            "Successfully assigned {}/{} to {}",
+            t.namespace, t.name, t.node
+        )
+    } else {
+        format!(
+            "Successfully assigned {}/{} to {} with GPUs {}",
+            t.namespace,
+            t.name,
+            t.node,
+            gpus.join(", ")
+        )
+    }
 }
 
 #[cfg(test)]

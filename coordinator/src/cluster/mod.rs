@@ -10,6 +10,7 @@ pub mod agent_gap;
 pub mod binder;
 pub mod cache;
 pub mod events;
+pub mod gate;
 pub mod leader;
 pub mod scheduler;
 pub mod snapshot;
@@ -79,6 +80,10 @@ pub struct CoordinatorConfig {
     /// pod with the same GPU count not yet allocated there) before the decision is dropped
     /// (and a partly bound gang evicted).
     pub bind_wait_timeout: Duration,
+    /// How long one Binding may go unanswered before its unit counts as failed (the API
+    /// client itself has no read timeout). The pod is then looked up, and watched for a
+    /// late bind that would have to be rolled back.
+    pub bind_call_timeout: Duration,
     /// The agent registry to use; `None` = a fresh one. Tests pass their own to simulate
     /// agents without a gRPC stream.
     pub registry: Option<AgentRegistry>,
@@ -97,6 +102,7 @@ impl Default for CoordinatorConfig {
             cycle_interval: Duration::from_secs(1),
             cycle: CycleConfig::default(),
             bind_wait_timeout: Duration::from_secs(120),
+            bind_call_timeout: Duration::from_secs(10),
             registry: None,
         }
     }

@@ -8,11 +8,26 @@
 //! API server's state is then the only truth.
 //!
 //! A decision is held (not bound yet) while its node still runs the pods evicted for it (the
-//! core marks such bindings `after_evictions`), and while the node has a bound pod not yet
+//! core marks such bindings `after_evictions`): those keep their GPUs until they are gone from
+//! the API or finished, grace period included. Meanwhile the pod's `status.nominatedNodeName`
+//! names the node, and the wait is bounded by the victims' `deletionTimestamp` (the end of
+//! their grace period) plus a margin, not by `bind_wait_timeout`; a held decision is never
+//! decided again (the core sees it placed) and so takes no further victims. A new leader,
+//! which does not know the decision, leaves a pod nominated to a node with pods still
+//! terminating there out of its snapshots until they are gone (or that bound has passed), for
+//! the same reason. Also held while the node has a bound pod not yet
 //! allocated by its agent that asks for the same number of `nvidia.com/gpu` slots with a
 //! different assignment: the kubelet's Allocate call carries no pod identity, so the agent
 //! tells such pods apart only by their slot count. Held decisions keep their place in the
 //! snapshots meanwhile and are bound as soon as their node is clear.
+//!
+//! A unit that cannot be bound whole goes through one path, `fail_unit`, whatever
+//! the cause (a Binding refused, throttled or unanswered, a node not clear in time, a held
+//! member given up): members not bound stay unbound, members bound are evicted, and what the
+//! API server would not evict yet, or a Binding that got no answer and may still land, is
+//! rolled back in a later cycle once the cache shows the pod bound. Until every rolled-back
+//! member is gone no other member of its unit is bound: the core counts a terminating member
+//! towards its gang, and completing the gang around it would leave it partial.
 //!
 //! Logical time (`Snapshot::now`) is wall-clock Unix seconds, the clock of pods' creation
 //! times, so every replica agrees on it. Stale-gang timing (`below_min_member_since`) is kept
@@ -29,6 +44,7 @@ use tokio::sync::watch;
 use super::binder::{BindTarget, Binder, EvictTarget, UnitOutcome};
 use super::cache::{Cache, Store};
 use super::events::EventWriter;
+use super::gate;
 use super::snapshot::{self, BuildContext, Overlay};
 use super::status::StatusWriter;
 use super::{ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION, CoordinatorConfig, GPU_RESOURCE};
@@ -45,6 +61,13 @@ const BIND_MEMORY: Duration = Duration::from_secs(300);
 /// A unit whose bind failed is not bound again for this long (the API keeps refusing it, or
 /// the cache must catch up first).
 const BIND_BACKOFF: Duration = Duration::from_secs(1);
+/// A pending rollback whose pod the cache has not shown bound for this long is dropped: an
+/// unanswered Binding that the server was going to apply has been applied by then.
+const ROLLBACK_WATCH: Duration = Duration::from_secs(60);
+/// How long past its victims' `deletionTimestamp` a decision keeps waiting for them. The API
+/// server sets that time to the deletion request plus the grace period; the kubelet then still
+/// has to report the containers stopped and delete the pod.
+const VICTIM_MARGIN: Duration = Duration::from_secs(30);
 /// Changes arriving in a burst (a Job creating its pods) are taken in one cycle.
 const SETTLE: Duration = Duration::from_millis(30);
 
@@ -57,8 +80,6 @@ struct Decided {
     assignment: Assignment,
     since: Instant,
     state: DecidedState,
-    /// Its `tessera.dev/assignment` is written; the Binding may follow.
-    annotated: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -69,13 +90,44 @@ enum DecidedState {
     Held { victims: BTreeSet<String> },
 }
 
+/// A unit with members still held.
+#[derive(Default)]
+struct Unit {
+    /// Every member's uid (bound or held).
+    members: BTreeSet<String>,
+    /// The members this replica bound in earlier waves, which a failure must roll back: once
+    /// the cache shows them bound they are no longer in `decided`. Their `reason` and `since`
+    /// are set when the unit fails.
+    bound: BTreeMap<String, Rollback>,
+}
+
+/// A pod to roll back because its unit could not be bound whole.
+#[derive(Clone, Debug)]
+struct Rollback {
+    target: EvictTarget,
+    /// The node this replica bound it (or asked to bind it) to.
+    node: String,
+    /// Its unit (`namespace/group`).
+    unit: String,
+    reason: String,
+    since: Instant,
+}
+
 /// The loop's memory; cleared when leadership changes.
 #[derive(Default)]
 struct State {
     decided: BTreeMap<String, Decided>,
-    /// Units with held members: unit → every member uid (bound or held).
-    units: BTreeMap<String, BTreeSet<String>>,
+    /// Units with held members.
+    units: BTreeMap<String, Unit>,
     evicting: BTreeMap<String, Instant>,
+    /// Members of failed units still to be rolled back: evictions the API server throttled
+    /// or did not answer, and Bindings that went unanswered (the server may apply them late).
+    /// Each is evicted once the cache shows it bound to the node it was meant for.
+    rollbacks: BTreeMap<String, Rollback>,
+    /// Members a rollback evicted that are still in the API (terminating), with their unit.
+    /// The core still counts a terminating member towards its gang, so no other member of
+    /// that unit is bound until they are gone: the gang could not stay whole.
+    rolled_back: BTreeMap<String, String>,
     /// Pods of units whose bind failed, and until when they are not bound again.
     backoff: BTreeMap<String, Instant>,
     below_min_since: BTreeMap<(String, String), u64>,
@@ -103,9 +155,13 @@ impl Scheduler {
         metrics: Arc<Metrics>,
         leader: watch::Receiver<bool>,
     ) -> Self {
+        // Every write of the loop (bindings, evictions, status, events) goes through the gate,
+        // so a replica that lost the Lease mid-batch sends nothing more.
+        let client = gate::gated(client, leader.clone());
         let events = EventWriter::new(client.clone(), &config.scheduler_name, &config.identity);
         Self {
-            binder: Binder::new(client.clone(), events.clone()),
+            binder: Binder::new(client.clone(), events.clone())
+                .with_call_timeout(config.bind_call_timeout),
             status: StatusWriter::new(client, events),
             config,
             cache,
@@ -166,6 +222,7 @@ impl Scheduler {
     async fn cycle(&mut self) {
         let store = self.cache.store();
         self.expire(&store);
+        self.retry_rollbacks(&store).await;
         let mut bound_now = BTreeSet::new();
         self.release_held(&store, &mut bound_now).await;
 
@@ -187,11 +244,22 @@ impl Scheduler {
                     )
                 })
                 .collect(),
-            evicting: self.state.evicting.keys().cloned().collect(),
+            // A bound member waiting for its rollback is leaving: nothing is built on it. One
+            // whose Binding went unanswered and that is still unbound may be placed again.
+            evicting: self
+                .state
+                .evicting
+                .keys()
+                .chain(self.state.rollbacks.iter().filter_map(|(uid, r)| {
+                    let pod = store.pods.get(uid)?;
+                    (node_of(pod) == Some(r.node.as_str())).then_some(uid)
+                }))
+                .cloned()
+                .collect(),
             below_min_member_since: self.state.below_min_since.clone(),
         };
         let now = jiff::Timestamp::now().as_second().max(0) as u64;
-        let translated = snapshot::build(
+        let mut translated = snapshot::build(
             &store,
             &agents,
             &overlay,
@@ -202,6 +270,15 @@ impl Scheduler {
                 scheduler_name: &self.config.scheduler_name,
             },
         );
+        // Pods an earlier leader nominated while their victims terminate are not decided again
+        // until those are gone (or past their grace period): the victims keep their GPUs, so a
+        // new decision would take further victims.
+        let nominated =
+            nominated_to_terminating(&store, &self.state.decided, &self.config.scheduler_name);
+        translated
+            .snapshot
+            .pods
+            .retain(|p| !nominated.contains(&p.uid));
         let started = Instant::now();
         let decisions = schedule(&translated.snapshot, &self.config.cycle);
         self.metrics.observe_cycle(started.elapsed());
@@ -216,7 +293,7 @@ impl Scheduler {
         }
         self.state.below_min_since = below;
 
-        let victims = self.evict(&store, &translated.snapshot, &decisions).await;
+        let victims = self.evict(&translated.snapshot, &decisions).await;
         self.bind(
             &store,
             &translated.snapshot,
@@ -228,6 +305,20 @@ impl Scheduler {
         if !self.leading() {
             return;
         }
+        let waiting: BTreeMap<String, String> = self
+            .state
+            .decided
+            .iter()
+            .filter(
+                |(_, d)| matches!(&d.state, DecidedState::Held { victims } if !victims.is_empty()),
+            )
+            .map(|(uid, d)| (uid.clone(), d.node.clone()))
+            .collect();
+        let mut keep: BTreeSet<String> = self.state.decided.keys().cloned().collect();
+        keep.extend(nominated);
+        self.status
+            .nominations(&store, &self.config.scheduler_name, &waiting, &keep)
+            .await;
         self.status
             .update(&store, &translated, &decisions, &bound_now)
             .await;
@@ -241,6 +332,9 @@ impl Scheduler {
         self.state.evicting.retain(|uid, at| {
             store.pods.contains_key(uid) && now.duration_since(*at) < EVICTION_MEMORY
         });
+        self.state
+            .rolled_back
+            .retain(|uid, _| store.pods.get(uid).is_some_and(|p| !is_finished(p)));
         self.state.decided.retain(|uid, d| {
             let Some(pod) = store.pods.get(uid) else {
                 return false;
@@ -251,8 +345,8 @@ impl Scheduler {
             d.state != DecidedState::Bound || now.duration_since(d.since) < BIND_MEMORY
         });
         let decided = &self.state.decided;
-        self.state.units.retain(|_, members| {
-            members.iter().any(|m| {
+        self.state.units.retain(|_, unit| {
+            unit.members.iter().any(|m| {
                 decided
                     .get(m)
                     .is_some_and(|d| matches!(d.state, DecidedState::Held { .. }))
@@ -263,7 +357,6 @@ impl Scheduler {
     /// Evicts what the core decided; returns the evicted pods per node.
     async fn evict(
         &mut self,
-        store: &Store,
         snap: &crate::model::Snapshot,
         decisions: &Decisions,
     ) -> BTreeMap<String, BTreeSet<String>> {
@@ -292,17 +385,12 @@ impl Scheduler {
                     .state
                     .units
                     .iter()
-                    .find(|(_, m)| m.contains(&pod.uid))
+                    .find(|(_, u)| u.members.contains(&pod.uid))
                     .map(|(u, _)| u.clone());
                 match unit {
                     Some(unit) => {
-                        self.fail_unit(
-                            store,
-                            &unit,
-                            "a member waiting for its node was given up",
-                            &BTreeSet::new(),
-                        )
-                        .await;
+                        self.fail_unit(&unit, "a member waiting for its node was given up", None)
+                            .await;
                     }
                     None => {
                         self.state.decided.remove(&pod.uid);
@@ -384,12 +472,15 @@ impl Scheduler {
             Some(g) => format!("{}/{}", pod.namespace, g),
             None => format!("pod:{}", pod.uid),
         };
-        let backed_off: BTreeSet<String> = decisions
+        let mut backed_off: BTreeSet<String> = decisions
             .bindings
             .iter()
             .filter(|b| self.state.backoff.contains_key(&b.pod))
             .filter_map(|b| by_uid.get(b.pod.as_str()).map(|p| unit_of(p)))
             .collect();
+        // Units with members still being rolled back.
+        backed_off.extend(self.state.rolled_back.values().cloned());
+        backed_off.extend(self.state.rollbacks.values().map(|r| r.unit.clone()));
         for b in &decisions.bindings {
             let Some(pod) = by_uid.get(b.pod.as_str()) else {
                 continue;
@@ -412,11 +503,10 @@ impl Scheduler {
                     assignment: b.assignment.clone(),
                     since: now,
                     state: DecidedState::Held { victims: held_for },
-                    annotated: false,
                 },
             );
-            let members = self.state.units.entry(unit.clone()).or_default();
-            members.insert(b.pod.clone());
+            let entry = self.state.units.entry(unit.clone()).or_default();
+            entry.members.insert(b.pod.clone());
             if !order.contains(&unit) {
                 order.push(unit);
             }
@@ -441,60 +531,32 @@ impl Scheduler {
     }
 
     async fn release_unit(&mut self, store: &Store, unit: &str, bound_now: &mut BTreeSet<String>) {
-        let Some(members) = self.state.units.get(unit).cloned() else {
+        let Some(members) = self.state.units.get(unit).map(|u| u.members.clone()) else {
             return;
         };
-        let timeout = self.config.bind_wait_timeout;
         let now = Instant::now();
-        let expired = members.iter().any(|m| {
-            self.state.decided.get(m).is_some_and(|d| {
-                matches!(d.state, DecidedState::Held { .. })
-                    && now.duration_since(d.since) > timeout
-            })
-        });
-        if expired {
-            self.fail_unit(
-                store,
-                unit,
-                &format!("its node was not clear within {} s", timeout.as_secs()),
-                &BTreeSet::new(),
-            )
-            .await;
-            return;
+        // Victims all gone: from here on the decision waits only for the same-count rule,
+        // timed from now.
+        for uid in &members {
+            if let Some(d) = self.state.decided.get_mut(uid)
+                && let DecidedState::Held { victims } = &mut d.state
+                && !victims.is_empty()
+                && victims_gone(store, victims)
+            {
+                victims.clear();
+                d.since = now;
+            }
         }
-        // Every member's assignment is written before any member is bound, even when the
-        // same-count rule binds the unit in several waves.
-        let unannotated: Vec<BindTarget> = members
-            .iter()
-            .filter_map(|uid| {
-                let d = self.state.decided.get(uid)?;
-                if d.annotated || !matches!(d.state, DecidedState::Held { .. }) {
-                    return None;
-                }
-                let pod = store.pods.get(uid)?;
-                Some(BindTarget {
-                    namespace: d.namespace.clone(),
-                    name: d.name.clone(),
-                    uid: uid.clone(),
-                    node: d.node.clone(),
-                    assignment: d.assignment.clone(),
-                    resource_version: pod.metadata.resource_version.clone(),
-                    annotated: false,
-                })
-            })
-            .collect();
-        if !unannotated.is_empty() {
-            if let Err((uid, error)) = self.binder.annotate(&unannotated).await {
-                self.metrics.inc_bind_errors();
-                tracing::warn!(pod = %uid, %error, unit, "assignment write failed; the unit is not bound");
-                self.fail_unit(store, unit, &error, &BTreeSet::new()).await;
-                return;
-            }
-            for t in &unannotated {
-                if let Some(d) = self.state.decided.get_mut(&t.uid) {
-                    d.annotated = true;
-                }
-            }
+        let expired = members.iter().find_map(|m| {
+            let d = self.state.decided.get(m)?;
+            let DecidedState::Held { victims } = &d.state else {
+                return None;
+            };
+            held_too_long(store, victims, d.since, now, self.config.bind_wait_timeout)
+        });
+        if let Some(why) = expired {
+            self.fail_unit(unit, &why, None).await;
+            return;
         }
         let mut pending = unallocated_gpu_pods(store, &self.state.decided);
         let mut wave = Vec::new();
@@ -508,10 +570,7 @@ impl Scheduler {
             let Some(pod) = store.pods.get(uid) else {
                 continue;
             };
-            let victims_gone = victims
-                .iter()
-                .all(|v| store.pods.get(v).is_none_or(|p| is_finished(p)));
-            if !victims_gone {
+            if !victims_gone(store, victims) {
                 continue;
             }
             let count = gpu_slots(pod);
@@ -531,51 +590,63 @@ impl Scheduler {
                 uid: uid.clone(),
                 node: d.node.clone(),
                 assignment: d.assignment.clone(),
-                resource_version: pod.metadata.resource_version.clone(),
-                annotated: d.annotated,
             });
         }
         if wave.is_empty() {
             return;
         }
         let outcome = self.binder.bind_unit(&wave).await;
-        self.after_wave(store, unit, &outcome, bound_now).await;
+        self.after_wave(unit, &wave, &outcome, bound_now).await;
     }
 
     async fn after_wave(
         &mut self,
-        store: &Store,
         unit: &str,
+        wave: &[BindTarget],
         outcome: &UnitOutcome,
         bound_now: &mut BTreeSet<String>,
     ) {
         let now = Instant::now();
-        for uid in &outcome.bound {
-            if let Some(d) = self.state.decided.get_mut(uid) {
+        for t in wave.iter().filter(|t| outcome.bound.contains(&t.uid)) {
+            if let Some(d) = self.state.decided.get_mut(&t.uid) {
                 d.state = DecidedState::Bound;
                 d.since = now;
             }
-            bound_now.insert(uid.clone());
+            // Bound again after an unanswered Binding was given up: this binding is the one
+            // that counts, and it must not be rolled back.
+            self.state.rollbacks.remove(&t.uid);
+            if let Some(u) = self.state.units.get_mut(unit) {
+                u.bound.insert(
+                    t.uid.clone(),
+                    Rollback {
+                        target: t.evict_target(),
+                        node: t.node.clone(),
+                        unit: unit.to_owned(),
+                        reason: String::new(),
+                        since: now,
+                    },
+                );
+            }
+            bound_now.insert(t.uid.clone());
         }
         self.metrics.add_pods_placed(outcome.bound.len() as u64);
-        if let Some((uid, error)) = &outcome.failed {
+        if let Some(failure) = &outcome.failed {
+            if failure.deposed {
+                // Nothing more may be written; the loop forgets this state as it stands by.
+                tracing::info!(
+                    unit,
+                    "leadership lost while binding a unit; the new leader takes over"
+                );
+                return;
+            }
             self.metrics.inc_bind_errors();
-            tracing::warn!(pod = %uid, %error, unit, "bind failed; the unit is not bound");
-            for r in &outcome.rolled_back {
-                self.state.evicting.insert(r.clone(), now);
-                self.metrics.add_evictions("gang-bind-failed", 1);
-            }
-            let done: BTreeSet<String> = outcome.rolled_back.iter().cloned().collect();
-            // Members whose rollback the API server kept throttling are still bound, though
-            // neither this replica's state nor (yet) the store says so: fail_unit evicts them.
-            for uid in &outcome.rollback_throttled {
-                if let Some(d) = self.state.decided.get_mut(uid) {
-                    d.state = DecidedState::Bound;
-                }
-            }
-            self.fail_unit(store, unit, error, &done).await;
-        } else if let Some(members) = self.state.units.get(unit)
-            && !members.iter().any(|m| {
+            tracing::warn!(pod = %failure.uid, error = %failure.error, unit, "bind failed; the unit is not bound");
+            let unanswered = wave
+                .iter()
+                .find(|t| failure.maybe_bound && t.uid == failure.uid);
+            self.fail_unit(unit, &failure.error, unanswered).await;
+        } else if let Some(u) = self.state.units.get(unit)
+            && !u.members.iter().any(|m| {
                 self.state
                     .decided
                     .get(m)
@@ -586,52 +657,95 @@ impl Scheduler {
         }
     }
 
-    /// Gives up a unit: forgets its held members and evicts those already bound (except
-    /// `done`, already evicted), so no partial gang runs.
-    async fn fail_unit(&mut self, store: &Store, unit: &str, why: &str, done: &BTreeSet<String>) {
-        let Some(members) = self.state.units.remove(unit) else {
+    /// Gives up a unit, whatever the cause (a refused or unanswered Binding, a node not clear
+    /// in time, a held member given up): the one rollback path, so no partial gang runs.
+    /// Members not bound stay unbound (their decisions are forgotten and backed off); members
+    /// this replica bound are rolled back through [`Binder::roll_back_unit`], and those it
+    /// could not remove yet, with `unanswered` (a Binding that got no answer and may land),
+    /// are kept in `rollbacks` for the next cycles.
+    async fn fail_unit(&mut self, unit: &str, why: &str, unanswered: Option<&BindTarget>) {
+        let Some(state) = self.state.units.remove(unit) else {
             return;
         };
         let reason = format!(
             "gang {unit} could not be bound whole ({why}); evicting the members already bound so no partial gang runs"
         );
-        let until = Instant::now() + BIND_BACKOFF;
-        for uid in members {
+        let now = Instant::now();
+        let until = now + BIND_BACKOFF;
+        for uid in &state.members {
             self.state.backoff.insert(uid.clone(), until);
-            let decided = self.state.decided.remove(&uid);
-            if done.contains(&uid) {
-                continue;
+            self.state.decided.remove(uid);
+        }
+        let bound: Vec<Rollback> = state
+            .bound
+            .into_values()
+            .map(|r| Rollback {
+                reason: reason.clone(),
+                since: now,
+                ..r
+            })
+            .collect();
+        if let Some(t) = unanswered {
+            self.state.rollbacks.insert(
+                t.uid.clone(),
+                Rollback {
+                    target: t.evict_target(),
+                    node: t.node.clone(),
+                    unit: unit.to_owned(),
+                    reason: reason.clone(),
+                    since: now,
+                },
+            );
+        }
+        self.roll_back(bound).await;
+    }
+
+    /// Rolls back `members` and remembers the ones to try again.
+    async fn roll_back(&mut self, members: Vec<Rollback>) {
+        let mut by_reason: BTreeMap<String, Vec<Rollback>> = BTreeMap::new();
+        for r in members {
+            by_reason.entry(r.reason.clone()).or_default().push(r);
+        }
+        for (reason, members) in by_reason {
+            let targets: Vec<EvictTarget> = members.iter().map(|r| r.target.clone()).collect();
+            let outcome = self.binder.roll_back_unit(&targets, &reason).await;
+            let now = Instant::now();
+            for uid in &outcome.rolled_back {
+                self.state.rollbacks.remove(uid);
+                self.state.evicting.insert(uid.clone(), now);
+                self.metrics.add_evictions("gang-bind-failed", 1);
             }
-            let stored = store.pods.get(&uid);
-            let bound = decided
-                .as_ref()
-                .is_some_and(|d| d.state == DecidedState::Bound)
-                || stored.is_some_and(|p| node_of(p).is_some());
-            if !bound {
-                continue;
-            }
-            let (namespace, name) = match (&decided, stored) {
-                (Some(d), _) => (d.namespace.clone(), d.name.clone()),
-                (None, Some(p)) => (
-                    p.metadata.namespace.clone().unwrap_or_default(),
-                    p.metadata.name.clone().unwrap_or_default(),
-                ),
-                (None, None) => continue,
-            };
-            let target = EvictTarget {
-                namespace,
-                name,
-                uid: uid.clone(),
-            };
-            match self.binder.evict(&target, &reason).await {
-                Ok(_) => {
-                    self.state.evicting.insert(uid, Instant::now());
-                    self.metrics.add_evictions("gang-bind-failed", 1);
+            for r in members {
+                if outcome.retry.contains(&r.target.uid) {
+                    self.state.rollbacks.insert(r.target.uid.clone(), r);
+                } else {
+                    self.state.rolled_back.insert(r.target.uid, r.unit);
                 }
-                Err(error) => {
-                    tracing::warn!(pod = %target.name, %error, "could not evict a member of a failed gang")
-                }
             }
+        }
+    }
+
+    /// Tries the pending rollbacks again: each pod the cache shows bound to the node it was
+    /// meant for is rolled back; one that is gone (or replaced under its name) is dropped, and
+    /// so is one still unbound after [`ROLLBACK_WATCH`].
+    async fn retry_rollbacks(&mut self, store: &Store) {
+        if self.state.rollbacks.is_empty() || !self.leading() {
+            return;
+        }
+        let now = Instant::now();
+        let mut due = Vec::new();
+        self.state
+            .rollbacks
+            .retain(|uid, r| match store.pods.get(uid) {
+                None => false,
+                Some(pod) if node_of(pod) == Some(r.node.as_str()) && !is_finished(pod) => {
+                    due.push(r.clone());
+                    true
+                }
+                Some(_) => now.duration_since(r.since) < ROLLBACK_WATCH,
+            });
+        if !due.is_empty() {
+            self.roll_back(due).await;
         }
     }
 
@@ -700,6 +814,94 @@ fn is_finished(pod: &KubePod) -> bool {
     )
 }
 
+/// Whether every pod evicted for a decision is gone from the API or finished (its containers
+/// stopped): until then it keeps its GPUs, through its whole grace period.
+fn victims_gone(store: &Store, victims: &BTreeSet<String>) -> bool {
+    victims
+        .iter()
+        .all(|v| store.pods.get(v).is_none_or(|p| is_finished(p)))
+}
+
+/// This scheduler's pending pods without a decision of this replica whose
+/// `status.nominatedNodeName` (written by an earlier leader) names a node where evicted pods
+/// are still terminating within their grace period plus [`VICTIM_MARGIN`].
+fn nominated_to_terminating(
+    store: &Store,
+    decided: &BTreeMap<String, Decided>,
+    scheduler_name: &str,
+) -> BTreeSet<String> {
+    let now = jiff::Timestamp::now();
+    let margin = jiff::SignedDuration::try_from(VICTIM_MARGIN).unwrap_or_default();
+    let terminating: BTreeSet<&str> = store
+        .pods
+        .values()
+        .filter(|p| !is_finished(p))
+        .filter(|p| {
+            p.metadata
+                .deletion_timestamp
+                .as_ref()
+                .is_some_and(|t| now.duration_since(t.0) <= margin)
+        })
+        .filter_map(|p| node_of(p))
+        .collect();
+    if terminating.is_empty() {
+        return BTreeSet::new();
+    }
+    store
+        .pods
+        .iter()
+        .filter(|(uid, p)| {
+            let spec = p.spec.as_ref();
+            !decided.contains_key(*uid)
+                && node_of(p).is_none()
+                && p.metadata.deletion_timestamp.is_none()
+                && spec.and_then(|s| s.scheduler_name.as_deref()) == Some(scheduler_name)
+                && p.status
+                    .as_ref()
+                    .and_then(|s| s.nominated_node_name.as_deref())
+                    .is_some_and(|n| terminating.contains(n))
+        })
+        .map(|(uid, _)| uid.clone())
+        .collect()
+}
+
+/// Why a held decision has waited too long, if it has. While victims remain: once the latest
+/// victim's `deletionTimestamp` (the end of its grace period) is [`VICTIM_MARGIN`] past, or
+/// after `timeout` while a victim does not show its deletion yet. Otherwise (the same-count
+/// rule) after `timeout` since `since`.
+fn held_too_long(
+    store: &Store,
+    victims: &BTreeSet<String>,
+    since: Instant,
+    now: Instant,
+    timeout: Duration,
+) -> Option<String> {
+    let mut latest: Option<jiff::Timestamp> = None;
+    let mut all_deleting = true;
+    for v in victims {
+        let Some(pod) = store.pods.get(v).filter(|p| !is_finished(p)) else {
+            continue;
+        };
+        match &pod.metadata.deletion_timestamp {
+            Some(t) => latest = latest.max(Some(t.0)),
+            None => all_deleting = false,
+        }
+    }
+    match latest {
+        Some(end) if all_deleting => {
+            let past = jiff::Timestamp::now().duration_since(end);
+            (past > jiff::SignedDuration::try_from(VICTIM_MARGIN).unwrap_or_default()).then(|| {
+                format!(
+                    "the pods evicted for it were still there {} s after their grace period ended",
+                    past.as_secs()
+                )
+            })
+        }
+        _ => (now.duration_since(since) > timeout)
+            .then(|| format!("its node was not clear within {} s", timeout.as_secs())),
+    }
+}
+
 /// `nvidia.com/gpu` slots the pod asks for (limits, else requests, summed over containers):
 /// what the kubelet's Allocate call will carry.
 fn gpu_slots(pod: &KubePod) -> u32 {
@@ -765,4 +967,91 @@ fn unallocated_gpu_pods(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    /// A running victim whose deletion, if any, ends `ends_in_secs` from now.
+    fn victim(uid: &str, ends_in_secs: Option<i64>, phase: &str) -> (String, Arc<KubePod>) {
+        let mut pod = KubePod::default();
+        pod.metadata.uid = Some(uid.into());
+        pod.metadata.deletion_timestamp =
+            ends_in_secs.map(|s| Time(jiff::Timestamp::now() + jiff::SignedDuration::from_secs(s)));
+        pod.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some(phase.into()),
+            ..Default::default()
+        });
+        (uid.to_owned(), Arc::new(pod))
+    }
+
+    fn store(pods: Vec<(String, Arc<KubePod>)>) -> Store {
+        Store {
+            pods: pods.into_iter().collect(),
+            ..Store::default()
+        }
+    }
+
+    fn set(uids: &[&str]) -> BTreeSet<String> {
+        uids.iter().map(|u| (*u).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_wait_for_victims_follows_their_grace_period_not_the_timeout() {
+        let timeout = Duration::from_secs(2);
+        let now = Instant::now();
+        let long_ago = now.checked_sub(Duration::from_secs(60)).unwrap_or(now);
+        // Deleting, grace period still running: waits although the timeout has passed.
+        let s = store(vec![victim("v", Some(20), "Running")]);
+        assert_eq!(
+            held_too_long(&s, &set(&["v"]), long_ago, now, timeout),
+            None
+        );
+        // Within the margin after the grace period: still waits.
+        let s = store(vec![victim("v", Some(-10), "Running")]);
+        assert_eq!(
+            held_too_long(&s, &set(&["v"]), long_ago, now, timeout),
+            None
+        );
+        // Past grace period and margin: given up, saying why.
+        let s = store(vec![
+            victim("v", Some(-40), "Running"),
+            victim("w", Some(5), "Running"),
+        ]);
+        assert_eq!(
+            held_too_long(&s, &set(&["v"]), now, now, timeout).map(|w| w.contains("grace period")),
+            Some(true)
+        );
+        // The latest victim counts.
+        assert_eq!(
+            held_too_long(&s, &set(&["v", "w"]), now, now, timeout),
+            None
+        );
+    }
+
+    #[test]
+    fn without_a_deletion_to_follow_the_timeout_applies() {
+        let timeout = Duration::from_secs(2);
+        let now = Instant::now();
+        let long_ago = now.checked_sub(Duration::from_secs(60)).unwrap_or(now);
+        // A victim whose deletion the cache does not show yet.
+        let s = store(vec![
+            victim("v", None, "Running"),
+            victim("w", Some(20), "Running"),
+        ]);
+        assert!(held_too_long(&s, &set(&["v", "w"]), now, now, timeout).is_none());
+        let why = held_too_long(&s, &set(&["v", "w"]), long_ago, now, timeout);
+        assert!(why.is_some_and(|w| w.contains("within 2 s")));
+        // No victims left (the same-count rule), or only finished ones.
+        let s = store(vec![victim("done", Some(-100), "Failed")]);
+        assert!(held_too_long(&s, &set(&["done"]), long_ago, now, timeout).is_some());
+        assert!(held_too_long(&s, &set(&[]), now, now, timeout).is_none());
+        assert!(victims_gone(&s, &set(&["done", "deleted"])));
+        assert!(!victims_gone(
+            &store(vec![victim("v", Some(20), "Running")]),
+            &set(&["v"])
+        ));
+    }
 }

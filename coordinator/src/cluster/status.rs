@@ -44,6 +44,8 @@ pub struct StatusWriter {
     pod_warnings: HashMap<String, String>,
     /// Status last written per custom object (`kind/namespace/name`), as JSON.
     written: HashMap<String, serde_json::Value>,
+    /// Pod uid → the `status.nominatedNodeName` last written (`None`: cleared).
+    nominated: HashMap<String, Option<String>>,
 }
 
 impl StatusWriter {
@@ -55,6 +57,7 @@ impl StatusWriter {
             pod_messages: HashMap::new(),
             pod_warnings: HashMap::new(),
             written: HashMap::new(),
+            nominated: HashMap::new(),
         }
     }
 
@@ -63,6 +66,50 @@ impl StatusWriter {
         self.pod_messages.clear();
         self.pod_warnings.clear();
         self.written.clear();
+        self.nominated.clear();
+    }
+
+    /// Makes `status.nominatedNodeName` say where each pod of `waiting` (uid → node) will be
+    /// bound once the pods evicted for it are gone, as kube-scheduler does for a preemptor,
+    /// and clears it on this scheduler's other pending pods (a decision given up, or one an
+    /// earlier leader nominated). Bound pods, and pods in `keep` (decided, about to be bound
+    /// or bound since the store was read), are left alone.
+    pub async fn nominations(
+        &mut self,
+        store: &Store,
+        scheduler_name: &str,
+        waiting: &BTreeMap<String, String>,
+        keep: &BTreeSet<String>,
+    ) {
+        self.nominated.retain(|uid, _| store.pods.contains_key(uid));
+        for (uid, pod) in &store.pods {
+            let spec = pod.spec.as_ref();
+            let ours = spec.and_then(|s| s.scheduler_name.as_deref()) == Some(scheduler_name);
+            let bound = spec
+                .and_then(|s| s.node_name.as_deref())
+                .is_some_and(|n| !n.is_empty());
+            if !ours || bound || (keep.contains(uid) && !waiting.contains_key(uid)) {
+                continue;
+            }
+            let want = waiting.get(uid).cloned();
+            let current = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.nominated_node_name.clone())
+                .filter(|n| !n.is_empty());
+            if current == want || self.nominated.get(uid) == Some(&want) {
+                continue;
+            }
+            let patch = json!({"status": {"nominatedNodeName": want}});
+            match self.patch_pod_status(pod, &Patch::Merge(patch)).await {
+                Ok(_) => {
+                    self.nominated.insert(uid.clone(), want);
+                }
+                Err(error) => {
+                    tracing::warn!(pod = %pod.name_any(), %error, "could not write the pod's nominatedNodeName")
+                }
+            }
+        }
     }
 
     /// Writes everything that changed after one cycle. `bound` holds the pods bound (or held
@@ -142,6 +189,17 @@ impl StatusWriter {
         self.topologies(store, translated, &now).await;
     }
 
+    async fn patch_pod_status(
+        &self,
+        pod: &Pod,
+        patch: &Patch<serde_json::Value>,
+    ) -> kube::Result<Pod> {
+        let api: Api<Pod> =
+            Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
+        api.patch_status(&pod.name_any(), &PatchParams::default(), patch)
+            .await
+    }
+
     /// Writes `PodScheduled=False` with `reason` and `message` (and, unless gated, the
     /// FailedScheduling event) when either changed.
     async fn pod_unschedulable(&mut self, pod: &Pod, reason: &'static str, message: &str) {
@@ -172,16 +230,7 @@ impl StatusWriter {
             "lastProbeTime": null,
             "lastTransitionTime": jiff::Timestamp::now().to_string(),
         }]}});
-        let api: Api<Pod> =
-            Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
-        match api
-            .patch_status(
-                &pod.name_any(),
-                &PatchParams::default(),
-                &Patch::Strategic(&patch),
-            )
-            .await
-        {
+        match self.patch_pod_status(pod, &Patch::Strategic(patch)).await {
             Ok(_) => {
                 if reason != SCHEDULING_GATED {
                     self.events

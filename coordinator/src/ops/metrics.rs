@@ -104,7 +104,7 @@ impl Metrics {
         let bind_errors = Counter::default();
         registry.register(
             "tessera_bind_errors",
-            "Failed bindings (assignment write or Binding create)",
+            "Failed bindings (a Binding, which carries the assignment, refused or unanswered)",
             bind_errors.clone(),
         );
         let agents_connected = Gauge::default();

@@ -668,23 +668,26 @@ impl E2e {
         }
     }
 
-    /// Checks that no pod of `names` was bound before every one of them carried its
-    /// assignment (the binder writes a whole gang's assignments first).
-    pub fn assert_gang_assigned_before_bound(&self, names: &[String]) {
+    /// Checks that every pod of `names` was bound, and that none was ever seen bound without
+    /// its assignment or with an assignment before it was bound: the Binding carries the
+    /// assignment onto the pod in the same write.
+    pub fn assert_bound_with_assignment_in_one_write(&self, names: &[String]) {
         let history = self.history();
-        let first_bind = history
-            .iter()
-            .position(|s| names.contains(&s.name) && s.node.is_some())
-            .unwrap_or_else(|| panic!("no pod of {names:?} was ever bound"));
         for name in names {
-            let assigned = history[..first_bind]
-                .iter()
-                .any(|s| &s.name == name && s.assignment.is_some());
+            let seen: Vec<_> = history.iter().filter(|s| &s.name == name).collect();
             assert!(
-                assigned,
-                "gang member {name} had no assignment yet when {} was bound",
-                history[first_bind].name
+                seen.iter().any(|s| s.node.is_some()),
+                "{name} was never bound"
             );
+            for s in seen {
+                assert_eq!(
+                    s.node.is_some(),
+                    s.assignment.is_some(),
+                    "{name} was seen with node {:?} and assignment {:?}",
+                    s.node,
+                    s.assignment
+                );
+            }
         }
     }
 

@@ -1,7 +1,8 @@
 //! The chart's RBAC on a real kube-apiserver: the coordinator and a real agent, each acting as
 //! the chart's ServiceAccount with exactly the rules `helm template` renders, go through the
 //! main paths (bind, fractions, gang with reclaim by eviction, events, pod and CRD status,
-//! the leader Lease, TokenReview of the agent's pod-bound token). Then the same with one
+//! the leader Lease, TokenReview of the agent's pod-bound token), the coordinator without
+//! any right to modify a pod (the assignment travels in the Binding). Then the same with one
 //! verb taken away from each component: the API server answers 403 and the component's
 //! work visibly does not happen.
 
@@ -218,8 +219,8 @@ async fn without_create_on_pods_binding_the_coordinator_cannot_bind() {
         gpu_pod("p", "default", 1, "tessera-notebook", json!({})),
     )
     .await;
-    // The coordinator decided (it wrote the assignment: patch on pods is still granted) and
-    // the Binding came back 403; it says so in a FailedBinding event.
+    // The coordinator decided and its one write, the Binding carrying the assignment, came
+    // back 403; it says so in a FailedBinding event.
     let message = h
         .wait_until("a FailedBinding event for p", || async {
             h.events_of("p")
@@ -236,7 +237,37 @@ async fn without_create_on_pods_binding_the_coordinator_cannot_bind() {
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     let pod = h.pod("p").await.expect("p exists");
     assert!(!is_bound(&pod), "p was bound without the right to bind");
+    assert!(
+        pod.metadata
+            .annotations
+            .as_ref()
+            .is_none_or(|a| !a.contains_key("tessera.dev/assignment")),
+        "a refused Binding left an assignment on p"
+    );
     h.shutdown().await;
+}
+
+/// The coordinator places pods with one write, the Binding: its role may read and delete pods
+/// but never modify them (the main test above runs everything under exactly this role).
+#[test]
+fn the_coordinator_may_not_patch_or_update_pods() {
+    let docs = common::default_render();
+    let role = docs
+        .iter()
+        .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == COORDINATOR_SA)
+        .expect("the coordinator's ClusterRole");
+    let mut verbs: Vec<String> = Vec::new();
+    for rule in role["rules"].as_array().expect("rules") {
+        let resources: Vec<String> =
+            serde_json::from_value(rule["resources"].clone()).expect("resources");
+        if resources.iter().any(|r| r == "pods" || r == "*") {
+            verbs.extend(
+                serde_json::from_value::<Vec<String>>(rule["verbs"].clone()).expect("verbs"),
+            );
+        }
+    }
+    verbs.sort();
+    assert_eq!(verbs, ["delete", "get", "list", "watch"], "{role:#}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
