@@ -604,3 +604,43 @@ fn snapshot_is_sorted_and_joins_agent_gpus() {
     assert!(s.nodes[1].gpus.is_empty());
     assert!(s.topology.is_none());
 }
+
+#[test]
+fn a_named_podgroup_that_does_not_exist_holds_its_pods() {
+    // The pods may reach the cache before their PodGroup: without the object or a
+    // min-member shorthand there is no gang size, and guessing one from the pods present
+    // would start the gang part way.
+    let pods = [
+        kpod(
+            "m0",
+            json!({"annotations": {"tessera.dev/pod-group": "later"}}),
+            json!({}),
+        ),
+        kpod(
+            "m1",
+            json!({"annotations": {"tessera.dev/pod-group": "later"}}),
+            json!({}),
+        ),
+    ];
+    let mut inputs = Inputs::new(100, "tessera");
+    inputs.pods = pods.iter().collect();
+    let out = translate::snapshot(&inputs);
+    for p in &out.snapshot.pods {
+        let e = p
+            .input_errors
+            .iter()
+            .find(|e| e.field == "tessera.dev/pod-group")
+            .unwrap_or_else(|| panic!("{} waits: {:?}", p.uid, p.input_errors));
+        assert!(
+            e.message.contains("PodGroup ns/later does not exist")
+                && e.message.contains("tessera.dev/min-member"),
+            "{}",
+            e.message
+        );
+    }
+    // Once the object exists, nothing is reported.
+    let later = group("later", json!({"minMember": 2}));
+    inputs.pod_groups = vec![&later];
+    let out = translate::snapshot(&inputs);
+    assert!(out.snapshot.pods.iter().all(|p| p.input_errors.is_empty()));
+}

@@ -6,7 +6,8 @@
 //! request size matches and whose assigned GPUs have free slots, answers with slots on
 //! exactly those GPUs and remembers that slot set; `Allocate` with that slot set is
 //! that pod. An `Allocate` without a remembered set is matched by size and by the GPUs
-//! its slots are on. A request matching no assignment gets whole free GPUs when that is
+//! its slots are on; a container reusing its pod's init-container devices (the kubelet
+//! picks which) is matched by its pod's GPUs. A request matching no assignment gets whole free GPUs when that is
 //! allowed (no cluster, or a pending pod without an assignment), and otherwise fails
 //! with a message saying why — never some other pod's share.
 //!
@@ -62,6 +63,9 @@ pub struct GpuPlugin {
     mps: Option<Arc<MpsManager>>,
     mig: Option<Arc<MigManager>>,
 }
+
+/// A pending assigned container: its pod, name, assigned GPUs and the pod's creation time.
+type Candidate = (PodRef, String, Vec<GpuSlice>, u64);
 
 /// How a container's limits are set up at Allocate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,7 +130,7 @@ impl GpuPlugin {
 
     /// Pending assigned containers wanting `size` slots, oldest pod first, skipping
     /// containers already in the ledger.
-    fn assigned_candidates(&self, size: usize) -> Vec<(PodRef, String, Vec<GpuSlice>, u64)> {
+    fn assigned_candidates(&self, size: usize) -> Vec<Candidate> {
         let ledger = self.node.ledger.lock();
         self.source
             .pending()
@@ -350,6 +354,10 @@ impl GpuPlugin {
                 })
                 .cloned()
         });
+        // 3. A container reusing the GPUs an init container of its own pod holds: the kubelet
+        //    chooses which of those reusable devices it hands on, so the GPUs can differ from
+        //    the container's entry while staying within the pod's.
+        let matched = matched.or_else(|| self.reusing(&candidates, &gpu_set, &taken));
         if let Some((pod, container, assigned, _)) = matched {
             // Grants in the order of the request's slots.
             let grants = gpus
@@ -438,6 +446,42 @@ impl GpuPlugin {
             origin: Origin::Whole,
             mode: Mode::Plain,
         })
+    }
+
+    /// The candidate among `candidates` whose GPUs `gpus` lie within its own entry plus the
+    /// GPUs its pod's containers already hold (an init container's devices, which the
+    /// kubelet reuses first and picks among itself): a container may get GPUs other than its
+    /// entry names, but never outside its pod's. Returns those slices.
+    fn reusing(
+        &self,
+        candidates: &[Candidate],
+        gpus: &BTreeSet<&String>,
+        taken: &dyn Fn(&PodRef, &str) -> bool,
+    ) -> Option<Candidate> {
+        let ledger = self.node.ledger.lock();
+        candidates
+            .iter()
+            .filter(|(p, c, _, _)| !taken(p, c))
+            .find_map(|(p, c, own, created)| {
+                let mut slices: Vec<GpuSlice> = own.clone();
+                let held = ledger
+                    .allocations()
+                    .iter()
+                    .filter(|a| a.pod.as_ref() == Some(p) && a.origin == Origin::Assigned)
+                    .flat_map(|a| a.grants.iter());
+                for g in held {
+                    if !slices.iter().any(|x| x.uuid == g.uuid) {
+                        slices.push(GpuSlice {
+                            uuid: g.uuid.clone(),
+                            memory_mib: g.memory_mib,
+                            compute_milli: g.compute_milli,
+                        });
+                    }
+                }
+                let covered = gpus.iter().all(|u| slices.iter().any(|s| &&s.uuid == u));
+                (covered && slices.len() > own.len())
+                    .then(|| (p.clone(), c.clone(), slices, *created))
+            })
     }
 
     /// How `plan`'s limits are set up: MIG for GPUs in MIG mode, MPS for assigned pods

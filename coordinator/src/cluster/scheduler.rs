@@ -16,9 +16,10 @@
 //! which does not know the decision, leaves a pod nominated to a node with pods still
 //! terminating there out of its snapshots until they are gone (or that bound has passed), for
 //! the same reason. Also held while the node has a bound pod not yet
-//! allocated by its agent that asks for the same number of `nvidia.com/gpu` slots with a
-//! different assignment: the kubelet's Allocate call carries no pod identity, so the agent
-//! tells such pods apart only by their slot count. Held decisions keep their place in the
+//! allocated by its agent with a GPU container (init containers included) asking for as many
+//! `nvidia.com/gpu` slots as one of this pod's, under a different assignment: the kubelet's
+//! Allocate call carries no pod identity, so the agent tells such requests apart only by
+//! their size. Held decisions keep their place in the
 //! snapshots meanwhile and are bound as soon as their node is clear.
 //!
 //! A unit that cannot be bound whole goes through one path, `fail_unit`, whatever
@@ -239,7 +240,8 @@ impl Scheduler {
                         uid.clone(),
                         Placement {
                             node: d.node.clone(),
-                            assignment: d.assignment.clone(),
+                            // Each GPU once, as translate reads a bound pod's assignment.
+                            assignment: crate::translate::containers::merged(&d.assignment),
                         },
                     )
                 })
@@ -494,13 +496,19 @@ impl Scheduler {
             } else {
                 BTreeSet::new()
             };
+            // The core places the pod's GPUs as one set; each GPU container's Allocate asks
+            // for its own part of it, in the device manager's order.
+            let assignment = match store.pods.get(&b.pod).and_then(|p| p.spec.as_ref()) {
+                Some(spec) => crate::translate::containers::split(spec, &b.assignment),
+                None => b.assignment.clone(),
+            };
             self.state.decided.insert(
                 b.pod.clone(),
                 Decided {
                     namespace: pod.namespace.clone(),
                     name: pod.name.clone(),
                     node: b.node.clone(),
-                    assignment: b.assignment.clone(),
+                    assignment,
                     since: now,
                     state: DecidedState::Held { victims: held_for },
                 },
@@ -573,11 +581,11 @@ impl Scheduler {
             if !victims_gone(store, victims) {
                 continue;
             }
-            let count = gpu_slots(pod);
+            let count = gpu_sizes(pod);
             let on_node = pending.entry(d.node.clone()).or_default();
-            if count > 0 {
+            if !count.is_empty() {
                 let conflict = on_node.iter().any(|(other, c, a)| {
-                    other != uid && *c == count && a.as_ref() != Some(&d.assignment)
+                    other != uid && !c.is_disjoint(&count) && a.as_ref() != Some(&d.assignment)
                 });
                 if conflict {
                     continue;
@@ -904,10 +912,17 @@ fn held_too_long(
 
 /// `nvidia.com/gpu` slots the pod asks for (limits, else requests, summed over containers):
 /// what the kubelet's Allocate call will carry.
-fn gpu_slots(pod: &KubePod) -> u32 {
-    let Some(spec) = &pod.spec else { return 0 };
-    spec.containers
+/// The `nvidia.com/gpu` slot counts the kubelet's Allocate calls for `pod` will ask for, one
+/// per GPU container (init containers included): the agent tells requests apart only by
+/// their size, so two unallocated pods on a node with a size in common can be confused.
+fn gpu_sizes(pod: &KubePod) -> BTreeSet<u32> {
+    let Some(spec) = &pod.spec else {
+        return BTreeSet::new();
+    };
+    spec.init_containers
         .iter()
+        .flatten()
+        .chain(spec.containers.iter())
         .filter_map(|c| {
             let r = c.resources.as_ref()?;
             let q = r
@@ -915,18 +930,22 @@ fn gpu_slots(pod: &KubePod) -> u32 {
                 .as_ref()
                 .and_then(|l| l.get(GPU_RESOURCE))
                 .or_else(|| r.requests.as_ref().and_then(|l| l.get(GPU_RESOURCE)))?;
-            q.0.trim().parse::<u32>().ok()
+            q.0.trim().parse::<u32>().ok().filter(|&n| n > 0)
         })
-        .sum()
+        .collect()
 }
+
+/// A bound GPU pod its agent has not allocated yet: uid, its containers' slot counts, its
+/// assignment.
+type Unallocated = (String, BTreeSet<u32>, Option<Assignment>);
 
 /// Per node: the GPU pods bound there (or bound by this replica and not yet seen) that the
 /// agent has not allocated yet, with their slot count and assignment.
 fn unallocated_gpu_pods(
     store: &Store,
     decided: &BTreeMap<String, Decided>,
-) -> BTreeMap<String, Vec<(String, u32, Option<Assignment>)>> {
-    let mut out: BTreeMap<String, Vec<(String, u32, Option<Assignment>)>> = BTreeMap::new();
+) -> BTreeMap<String, Vec<Unallocated>> {
+    let mut out: BTreeMap<String, Vec<Unallocated>> = BTreeMap::new();
     for (uid, pod) in &store.pods {
         let Some(node) = node_of(pod) else { continue };
         if is_finished(pod) || pod.metadata.deletion_timestamp.is_some() {
@@ -936,8 +955,8 @@ fn unallocated_gpu_pods(
         if annotations.is_some_and(|a| a.contains_key(ALLOCATED_ANNOTATION)) {
             continue;
         }
-        let count = gpu_slots(pod);
-        if count == 0 {
+        let count = gpu_sizes(pod);
+        if count.is_empty() {
             continue;
         }
         let assignment = annotations
@@ -957,8 +976,8 @@ fn unallocated_gpu_pods(
         if node_of(pod).is_some() {
             continue;
         }
-        let count = gpu_slots(pod);
-        if count > 0 {
+        let count = gpu_sizes(pod);
+        if !count.is_empty() {
             out.entry(d.node.clone()).or_default().push((
                 uid.clone(),
                 count,

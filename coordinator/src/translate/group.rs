@@ -13,10 +13,10 @@
 use std::collections::BTreeMap;
 
 use crate::crd::{PodGroup as PodGroupCrd, Topology};
-use crate::model::PodGroup;
+use crate::model::{InputError, PodGroup};
 
 use super::keys;
-use super::pod::TranslatedPod;
+use super::pod::{GroupSource, TranslatedPod};
 use super::topology::resolve;
 
 /// What group derivation needs besides pods and objects.
@@ -98,6 +98,26 @@ pub fn groups(
     for (key, mine) in &members {
         if out.contains_key(key) {
             continue;
+        }
+        // A PodGroup named by annotation that does not exist (yet: the cache may see the
+        // pods before the object) gives no gang size; guessing one from the pods present
+        // would start a gang part way. Such pods wait, and say why.
+        let named_only = mine.iter().all(|&i| {
+            matches!(pods[i].group_source, Some(GroupSource::Annotation(_)))
+                && pods[i].pod.min_member.is_none()
+        });
+        if named_only {
+            for &i in mine {
+                pods[i].pod.input_errors.push(InputError {
+                    field: keys::POD_GROUP.to_owned(),
+                    message: format!(
+                        "PodGroup {}/{} does not exist; create it, or give {} for a gang without one",
+                        key.0,
+                        key.1,
+                        keys::MIN_MEMBER
+                    ),
+                });
+            }
         }
         let first = &pods[mine[0]];
         let min_member = mine
