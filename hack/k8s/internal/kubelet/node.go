@@ -87,7 +87,11 @@ type podState struct {
 	pod         *v1.Pod
 	terminal    bool
 	terminating bool
-	containers  []string
+	// running: its Running status is written. Admission and device allocation happen once;
+	// the status write is retried on its own (right after a bind the Node authorizer may not
+	// yet let this node read the pod).
+	running    bool
+	containers []string
 }
 
 // Node is one running kubelet-lite.
@@ -306,6 +310,12 @@ func (n *Node) sync(ctx context.Context, key types.NamespacedName) error {
 		}
 		return nil
 	case st != nil:
+		n.mu.Lock()
+		pending := !st.running && !st.terminal
+		n.mu.Unlock()
+		if pending {
+			return n.start(ctx, pod, st)
+		}
 		return nil
 	}
 	return n.admit(ctx, pod)
@@ -358,9 +368,18 @@ func (n *Node) admit(ctx context.Context, pod *v1.Pod) error {
 			return err
 		}
 	}
+	return n.start(ctx, pod, st)
+}
+
+// start writes the admitted pod's Running status (once it succeeds, retried by the queue
+// until then) and arms its run-for timer.
+func (n *Node) start(ctx context.Context, pod *v1.Pod, st *podState) error {
 	if err := n.markRunning(ctx, pod); err != nil {
 		return err
 	}
+	n.mu.Lock()
+	st.running = true
+	n.mu.Unlock()
 	if d, ok := pod.Annotations[AnnotationRunFor]; ok {
 		dur, err := time.ParseDuration(d)
 		if err != nil {
