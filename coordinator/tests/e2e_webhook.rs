@@ -8,6 +8,9 @@
 
 mod e2e;
 
+#[path = "support/tls.rs"]
+mod tls;
+
 use std::collections::BTreeSet;
 use std::path::Path;
 
@@ -19,25 +22,9 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, ListParams, PostParams};
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use serde::Deserialize;
 use serde_json::json;
 use tessera_coordinator::webhook::{WebhookConfig, WebhookHandle};
-
-/// A CA and a serving certificate for 127.0.0.1, written as PEM files; returns the CA's PEM.
-fn certificates(dir: &Path) -> String {
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec!["127.0.0.1".to_owned()])
-        .unwrap()
-        .signed_by(&key, &ca)
-        .unwrap();
-    std::fs::write(dir.join("tls.crt"), leaf.pem()).unwrap();
-    std::fs::write(dir.join("tls.key"), key.serialize_pem()).unwrap();
-    ca.pem()
-}
 
 /// The chart's MutatingWebhookConfiguration, as the real helm renders it, pointed at `url`
 /// (the test's coordinator is a process here, not behind the chart's Service).
@@ -121,7 +108,7 @@ async fn routed_scheduler(client: &kube::Client, namespace: &str, pod: &Pod) -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_scheduler_gpu_pods_are_routed_and_none_fails_admission() {
     let e2e = E2e::start(Setup::two_gpus().with_kube_scheduler()).await;
-    let ca = certificates(e2e.dir.path());
+    let ca = tls::write_pair(e2e.dir.path());
     let webhook = WebhookHandle::start(WebhookConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         cert_file: e2e.dir.path().join("tls.crt"),

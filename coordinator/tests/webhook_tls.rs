@@ -3,37 +3,18 @@
 //! not load; and its AdmissionReview endpoint answers a malformed review without refusing to
 //! serve.
 
+#[path = "support/tls.rs"]
+mod tls;
+
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use tessera_coordinator::webhook::{WebhookConfig, WebhookHandle, server};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tower::ServiceExt;
-
-/// A new CA and a serving certificate for 127.0.0.1 it signed, written to `dir`; returns the
-/// CA's PEM.
-fn write_pair(dir: &Path) -> String {
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec!["127.0.0.1".to_owned()])
-        .unwrap()
-        .signed_by(&key, &ca)
-        .unwrap();
-    // Written as a kubelet updates a Secret volume: the new content replaces the old at once.
-    for (name, text) in [("tls.crt", leaf.pem()), ("tls.key", key.serialize_pem())] {
-        let tmp = dir.join(format!(".{name}.new"));
-        std::fs::write(&tmp, text).unwrap();
-        std::fs::rename(&tmp, dir.join(name)).unwrap();
-    }
-    ca.pem()
-}
 
 /// `GET /healthz` over TLS, trusting only `ca_pem`: the body, or why the handshake failed.
 async fn healthz(addr: SocketAddr, ca_pem: &str) -> Result<String, String> {
@@ -84,7 +65,7 @@ async fn eventually_ok(addr: SocketAddr, ca: &str, what: &str) {
 #[tokio::test]
 async fn a_rotated_certificate_is_served_without_a_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let first = write_pair(dir.path());
+    let first = tls::write_pair(dir.path());
     let webhook = WebhookHandle::start(WebhookConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         cert_file: dir.path().join("tls.crt"),
@@ -102,7 +83,7 @@ async fn a_rotated_certificate_is_served_without_a_restart() {
     );
 
     // Rotation: a new CA and certificate in the same files.
-    let second = write_pair(dir.path());
+    let second = tls::write_pair(dir.path());
     assert!(healthz(addr, &second).await.is_err() || second == first);
     eventually_ok(addr, &second, "the rotated certificate").await;
     assert!(

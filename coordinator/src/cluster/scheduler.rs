@@ -48,7 +48,7 @@ use super::events::EventWriter;
 use super::gate;
 use super::snapshot::{self, BuildContext, Overlay};
 use super::status::StatusWriter;
-use super::{ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION, CoordinatorConfig, GPU_RESOURCE};
+use super::{ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION, CoordinatorConfig};
 use crate::agents::AgentRegistry;
 use crate::cycle::{Decisions, EvictionReason, schedule};
 use crate::model::{Assignment, Placement, Resource};
@@ -923,15 +923,9 @@ fn gpu_sizes(pod: &KubePod) -> BTreeSet<u32> {
         .iter()
         .flatten()
         .chain(spec.containers.iter())
-        .filter_map(|c| {
-            let r = c.resources.as_ref()?;
-            let q = r
-                .limits
-                .as_ref()
-                .and_then(|l| l.get(GPU_RESOURCE))
-                .or_else(|| r.requests.as_ref().and_then(|l| l.get(GPU_RESOURCE)))?;
-            q.0.trim().parse::<u32>().ok().filter(|&n| n > 0)
-        })
+        .map(crate::translate::containers::gpus_of)
+        .filter(|&n| n > 0)
+        .filter_map(|n| u32::try_from(n).ok())
         .collect()
 }
 

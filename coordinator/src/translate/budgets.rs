@@ -7,6 +7,8 @@
 //! policy/v1's: an empty selector covers every pod of the namespace, an absent one none.
 //! Finished pods are not covered (they hold nothing and are never victims).
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::Pod as KubePod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
@@ -16,6 +18,21 @@ use super::constraints::label_selector;
 
 /// The budgets over `pods`.
 pub fn translate(budgets: &[&PodDisruptionBudget], pods: &[&KubePod]) -> Vec<DisruptionBudget> {
+    if budgets.is_empty() {
+        return Vec::new();
+    }
+    // Each budget reads only its own namespace's unfinished pods: index them once.
+    let mut by_namespace: BTreeMap<&str, Vec<&KubePod>> = BTreeMap::new();
+    for p in pods {
+        let finished = matches!(
+            p.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        );
+        if let (false, Some(ns)) = (finished, p.metadata.namespace.as_deref()) {
+            by_namespace.entry(ns).or_default().push(p);
+        }
+    }
+    let no_labels = BTreeMap::new();
     budgets
         .iter()
         .filter_map(|pdb| {
@@ -27,18 +44,13 @@ pub fn translate(budgets: &[&PodDisruptionBudget], pods: &[&KubePod]) -> Vec<Dis
                 "spec.selector",
                 &mut ignored,
             )?;
-            let covered = pods
-                .iter()
-                .filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
+            let covered = by_namespace
+                .get(namespace)
+                .into_iter()
+                .flatten()
                 .filter(|p| {
-                    !matches!(
-                        p.status.as_ref().and_then(|s| s.phase.as_deref()),
-                        Some("Succeeded" | "Failed")
-                    )
-                })
-                .filter(|p| {
-                    let labels = p.metadata.labels.clone().unwrap_or_default();
-                    tessera_core::constraints::labels::selector_matches(Some(&selector), &labels)
+                    let labels = p.metadata.labels.as_ref().unwrap_or(&no_labels);
+                    tessera_core::constraints::labels::selector_matches(Some(&selector), labels)
                 })
                 .filter_map(|p| p.metadata.uid.clone())
                 .collect();

@@ -17,8 +17,9 @@ use super::keys;
 use super::requests::is_restartable;
 use crate::model::{Assignment, ContainerAssignment, GpuSlice};
 
-/// Whole GPUs a container asks for (its `nvidia.com/gpu` limit, else its request).
-fn gpus_of(c: &Container) -> usize {
+/// Whole GPUs a container asks for (its `nvidia.com/gpu` limit, else its request; 0 when
+/// unreadable, which the pod's translation reports).
+pub fn gpus_of(c: &Container) -> usize {
     let r = c.resources.as_ref();
     r.and_then(|r| r.limits.as_ref())
         .and_then(|m| m.get(keys::GPU_RESOURCE))
