@@ -540,13 +540,20 @@ async fn unschedulable_condition_changes_only_with_its_message() {
     assert!(!second.is_empty());
     // One event per message: the node may first show up without its agent's GPUs (the
     // message then names it), and again once they are counted; never the same one twice.
-    let messages: Vec<String> = env
-        .events_for("big")
-        .await
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("FailedScheduling"))
-        .map(|e| e.message.unwrap_or_default())
-        .collect();
+    // The event is written after the condition, so wait for it before counting.
+    let scheduling_messages = || async {
+        env.events_for("big")
+            .await
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("FailedScheduling"))
+            .map(|e| e.message.unwrap_or_default())
+            .collect::<Vec<String>>()
+    };
+    eventually("an event with the new message", || async {
+        scheduling_messages().await.contains(&second).then_some(())
+    })
+    .await;
+    let messages = scheduling_messages().await;
     let distinct: std::collections::BTreeSet<&String> = messages.iter().collect();
     assert!((2..=3).contains(&messages.len()), "{messages:#?}");
     assert_eq!(distinct.len(), messages.len(), "{messages:#?}");
