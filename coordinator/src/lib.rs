@@ -13,5 +13,6 @@ pub mod agents;
 pub mod cluster;
 pub mod crd;
 pub mod ops;
+pub mod tls;
 pub mod translate;
 pub mod webhook;

@@ -64,6 +64,14 @@ struct RunArgs {
     /// Address of the agent gRPC service (`host:port`), or `none`.
     #[arg(long, default_value = "0.0.0.0:7070")]
     agent_listen: String,
+    /// The agent service's PEM certificate chain: with it (and --agent-tls-key-file) agents
+    /// connect over TLS (`--coordinator https://…` and `--coordinator-ca-file` on the agent).
+    /// Re-read every 10 s, so a rotated Secret takes effect without a restart.
+    #[arg(long)]
+    agent_tls_cert_file: Option<PathBuf>,
+    /// The agent service's PEM private key.
+    #[arg(long)]
+    agent_tls_key_file: Option<PathBuf>,
     /// Address of `/metrics`, `/healthz` and `/readyz` (`host:port`), or `none`.
     #[arg(long, default_value = "0.0.0.0:9090")]
     metrics_listen: String,
@@ -392,6 +400,16 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
         .context("--lease-duration-secs / --renew-secs")?;
     let agent_listen = parse_listen("--agent-listen", &args.agent_listen)?;
     let metrics_listen = parse_listen("--metrics-listen", &args.metrics_listen)?;
+    let agent_tls = match (args.agent_tls_cert_file, args.agent_tls_key_file) {
+        (Some(cert_file), Some(key_file)) => Some(tessera_coordinator::tls::CertFiles {
+            cert_file,
+            key_file,
+        }),
+        (None, None) => None,
+        _ => anyhow::bail!(
+            "--agent-tls-cert-file and --agent-tls-key-file: give both (PEM files; the chart mounts them from a Secret) or neither"
+        ),
+    };
     let webhook = match parse_listen("--webhook-listen", &args.webhook_listen)? {
         None => None,
         Some(listen) => {
@@ -449,6 +467,7 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
             identity: identity.clone(),
             lease,
             agent_listen,
+            agent_tls,
             metrics_listen,
             authenticator,
             agent_timeout: Duration::from_secs(args.agent_timeout_secs),

@@ -3,6 +3,9 @@
 //! kube-apiserver (hack/k8s) and tokens its issuer bound to agent pods: the real inventory (simulated A100 machine with NVLink pairs and a MIG GPU)
 //! lands in the registry, health follows an XID, and a token of another node is refused.
 
+#[path = "support/tls.rs"]
+mod tls;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -114,7 +117,11 @@ async fn the_real_agent_reports_with_its_token_and_only_for_its_node() {
         Arc::clone(&node),
         "node-a".into(),
         meter(),
-        Some(dir.path().join("token-a")),
+        tessera_agent::report::Security {
+            token_file: Some(dir.path().join("token-a")),
+            ca_file: None,
+        },
+        None,
     ));
     // An agent on node-b that claims to be node-c: refused over and over.
     let reporter_c = tokio::spawn(tessera_agent::report::run_authenticated(
@@ -122,7 +129,11 @@ async fn the_real_agent_reports_with_its_token_and_only_for_its_node() {
         agent_node(&dir.path().join("c")),
         "node-c".into(),
         meter(),
-        Some(dir.path().join("token-b")),
+        tessera_agent::report::Security {
+            token_file: Some(dir.path().join("token-b")),
+            ca_file: None,
+        },
+        None,
     ));
     // An agent whose token file is missing connects without a token: refused.
     let reporter_d = tokio::spawn(tessera_agent::report::run_authenticated(
@@ -130,7 +141,11 @@ async fn the_real_agent_reports_with_its_token_and_only_for_its_node() {
         agent_node(&dir.path().join("d")),
         "node-d".into(),
         meter(),
-        Some(dir.path().join("no-such-token")),
+        tessera_agent::report::Security {
+            token_file: Some(dir.path().join("no-such-token")),
+            ca_file: None,
+        },
+        None,
     ));
 
     wait_for(&registry, "node-a with its occupancy", |r| {
@@ -231,4 +246,87 @@ async fn a_token_for_the_api_server_is_not_accepted_by_the_coordinator() {
         .expect("the coordinator's own token");
     assert_eq!(identity.node.as_deref(), Some("node-a"));
     drop(api);
+}
+
+/// The stream over TLS: an agent that trusts the coordinator's CA reports; one with another CA,
+/// and one speaking plaintext, never reach the registry (their token would otherwise cross
+/// the network readable).
+#[tokio::test]
+async fn agents_reach_a_tls_coordinator_only_through_its_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    std::fs::create_dir_all(&certs).unwrap();
+    let ca = tls::write_pair(&certs);
+    std::fs::write(dir.path().join("ca.crt"), &ca).unwrap();
+    let other = dir.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(dir.path().join("other-ca.crt"), tls::write_pair(&other)).unwrap();
+
+    let files = tessera_coordinator::tls::CertFiles {
+        cert_file: certs.join("tls.crt"),
+        key_file: certs.join("tls.key"),
+    };
+    let (cert, _reloading) = tessera_coordinator::tls::ReloadingCert::load(
+        &files,
+        "agent service",
+        Duration::from_secs(1),
+    )
+    .await
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let registry = AgentRegistry::new();
+    let (_stop, stop_rx) = watch::channel(false);
+    let options = agents::ServiceOptions {
+        tls: Some(cert),
+        ..agents::ServiceOptions::default()
+    };
+    tokio::spawn(agents::serve_with(
+        listener,
+        registry.clone(),
+        Authenticator::Disabled,
+        options,
+        stop_rx,
+    ));
+    let meter = || {
+        PodMeter::new(
+            ProcessAttribution::new(dir.path().join("proc")),
+            Arc::new(NoAssignments),
+        )
+    };
+    let report = |node: &str, endpoint: String, ca: Option<&str>| {
+        tokio::spawn(tessera_agent::report::run_authenticated(
+            endpoint,
+            agent_node(&dir.path().join(node)),
+            node.into(),
+            meter(),
+            tessera_agent::report::Security {
+                token_file: None,
+                ca_file: ca.map(|c| dir.path().join(c)),
+            },
+            None,
+        ))
+    };
+    let https = format!("https://127.0.0.1:{port}");
+    let trusted = report("node-a", https.clone(), Some("ca.crt"));
+    let wrong_ca = report("node-b", https, Some("other-ca.crt"));
+    let plaintext = report("node-c", format!("http://127.0.0.1:{port}"), None);
+    wait_for(&registry, "node-a over TLS", |r| {
+        r.get("node-a")
+            .is_some_and(|n| n.connected && n.occupancy.len() == 8)
+    })
+    .await;
+    // The others have retried meanwhile (backoff starts at 200 ms).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        registry.get("node-b").is_none(),
+        "an agent with another CA was accepted"
+    );
+    assert!(
+        registry.get("node-c").is_none(),
+        "a plaintext agent was accepted"
+    );
+    for task in [trusted, wrong_ca, plaintext] {
+        task.abort();
+    }
 }

@@ -18,7 +18,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use tessera_coordinator::agents::AgentRegistry;
+use tessera_coordinator::agents::{AgentRegistry, registry::Session};
 use tessera_coordinator::cluster::leader::LeaseConfig;
 use tessera_coordinator::cluster::{
     ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION, Coordinator, CoordinatorConfig, CoordinatorHandle,
@@ -68,8 +68,9 @@ async fn env() -> Env {
 }
 
 impl Env {
-    /// A Ready node with `gpus` GPUs and an agent (simulated) reporting them.
-    async fn node(&mut self, name: &str, gpus: u32) {
+    /// A Ready node with `gpus` GPUs and an agent (simulated) reporting them; returns the
+    /// agent's session, to report occupancy through.
+    async fn node(&mut self, name: &str, gpus: u32) -> Session {
         let mut options = NodeOptions::new(name);
         options.capacity = BTreeMap::from([
             ("cpu".to_owned(), "64".to_owned()),
@@ -94,8 +95,9 @@ impl Env {
             shares_per_gpu: 10,
         };
         let (tx, rx) = mpsc::channel(16);
-        self.registry.connect(&inventory, 1, tx).unwrap();
+        let session = self.registry.connect(&inventory, 2, tx).unwrap();
         self._outbound.push(rx);
+        session
     }
 
     fn config(&self, identity: &str) -> CoordinatorConfig {
@@ -881,7 +883,10 @@ async fn a_new_leader_lets_a_nominated_pod_wait_for_its_victims() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_with_the_same_gpu_count_bind_one_at_a_time_per_node() {
     let mut env = env().await;
-    env.node("n1", 4).await;
+    let agent = env.node("n1", 6).await;
+    // No kubelet runs n1's pods from here on, so none starts (a started pod is allocated):
+    // only what the agent reports tells the coordinator a pod was allocated.
+    env.nodes[0].stop();
     let coordinator = env.start("c1").await;
     env.create_pod("one-a", 1, json!({}), json!({})).await;
     let first = bound(&env, "one-a").await;
@@ -899,9 +904,28 @@ async fn pods_with_the_same_gpu_count_bind_one_at_a_time_per_node() {
         unschedulable_message(&p).is_none(),
         "a held pod is not unschedulable"
     );
-    mark_allocated(&env.pods(), "one-a").await.unwrap();
+    // The agent's occupancy says one-a is allocated (protocol revision 2).
+    let one_a = first.metadata.uid.clone().unwrap();
+    env.registry
+        .set_occupancy(
+            &agent,
+            &pb::Occupancy {
+                allocated_pod_uids: vec![one_a],
+                ..pb::Occupancy::default()
+            },
+        )
+        .unwrap();
     let second = bound(&env, "one-b").await;
     assert_ne!(assignment_of(&first), assignment_of(&second));
+    // A revision-1 agent's tessera.dev/allocated still counts.
+    env.create_pod("one-c", 1, json!({}), json!({})).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        node_of(&env.get("one-c").await.unwrap()).is_none(),
+        "one-c bound while one-b is not allocated"
+    );
+    mark_allocated(&env.pods(), "one-b").await.unwrap();
+    bound(&env, "one-c").await;
     coordinator.shutdown().await;
     drop(env);
 }

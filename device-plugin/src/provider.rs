@@ -57,6 +57,12 @@ pub trait DeviceProvider: Send + Sync + 'static {
         request: api::AllocateRequest,
     ) -> Result<api::AllocateResponse, ProviderError>;
 
+    /// Called before each Register attempt: the first, and again after every kubelet
+    /// restart, while no Allocate of the (new) kubelet can be in flight. A restarted
+    /// kubelet knows only the allocations it had checkpointed; one it was answered but had
+    /// not yet written down, it asks for again.
+    fn registering(&self) {}
+
     /// Prepares devices right before a container starts. Only called when
     /// [`PluginOptions::pre_start_required`] is set.
     async fn pre_start(&self, device_ids: Vec<String>) -> Result<(), ProviderError> {

@@ -122,6 +122,7 @@ impl PluginServer {
                 }
                 continue;
             };
+            self.provider.registering();
             let attempt = tokio::select! {
                 result = registration::register_once(config, self.provider.options()) => result,
                 // A hung kubelet must not hold up shutdown for the whole call deadline.

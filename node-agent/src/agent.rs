@@ -65,6 +65,9 @@ pub struct AgentConfig {
     pub options: NodeOptions,
     /// Where assignments come from.
     pub source: Arc<dyn AssignmentSource>,
+    /// Where the coordinator's `NodePods` go: the same object as `source` when the
+    /// assignments come from the coordinator (the default), `None` otherwise.
+    pub node_pods: Option<Arc<crate::coordinator_pods::CoordinatorPods>>,
     /// How often to reconcile with pod-resources.
     pub reconcile_every: Duration,
     /// How long a fresh allocation may be missing from pod-resources before release.
@@ -75,6 +78,8 @@ pub struct AgentConfig {
     pub coordinator: Option<String>,
     /// The ServiceAccount token presented to the coordinator (read on every connect).
     pub coordinator_token_file: Option<PathBuf>,
+    /// The CA of the coordinator's certificate, for an `https://` coordinator.
+    pub coordinator_ca_file: Option<PathBuf>,
     /// Where process cgroups are read to attribute GPU processes to pods (`/proc`;
     /// the DaemonSet runs with `hostPID`, so NVML's host PIDs are valid there).
     pub proc_root: PathBuf,
@@ -161,6 +166,7 @@ impl Agent {
         let mut servers = vec![PluginServer::new(
             PluginConfig::new(GPU_RESOURCE)?.with_socket_dir(&config.device_plugin_dir),
             GpuPlugin::new(Arc::clone(&node), Arc::clone(&config.source))
+                .with_pod_resources(config.pod_resources_socket.clone())
                 .with_enforcement(Some(Arc::clone(&mps)), mig.clone()),
         )];
         for profile in node.mig_lists().keys() {
@@ -288,7 +294,11 @@ async fn run(
             Arc::clone(&node),
             config.node_name.clone(),
             meter.clone(),
-            config.coordinator_token_file.clone(),
+            crate::report::Security {
+                token_file: config.coordinator_token_file.clone(),
+                ca_file: config.coordinator_ca_file.clone(),
+            },
+            config.node_pods.clone(),
         )));
     }
 
@@ -336,18 +346,7 @@ async fn run(
         let node = Arc::clone(&node);
         background.push(tokio::spawn(async move {
             while let Some(pod) = departures.recv().await {
-                let released = node.ledger.lock().release_pod(&pod);
-                match released {
-                    Ok(gone) if !gone.is_empty() => {
-                        node.bump();
-                        tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name),
-                            released = gone.len(), "pod left; its GPU shares are free");
-                    }
-                    Ok(_) => {}
-                    Err(error) => {
-                        tracing::warn!(%error, "releasing a departed pod's shares failed")
-                    }
-                }
+                node.release_departed(&pod);
             }
         }));
     }

@@ -3,9 +3,12 @@
 //! The coordinator writes `tessera.dev/assignment` on each pod it binds: per container,
 //! the GPU UUIDs and the memory / compute share on each (the JSON form below matches
 //! the coordinator's `model::pod::Assignment`). An [`AssignmentSource`] lists the pods
-//! bound to this node that still wait for their GPUs, so the device plugin can steer
-//! the kubelet to their slots and answer `Allocate` with exactly their share.
-//! `--no-kube` uses [`NoAssignments`]: every request then gets whole free GPUs.
+//! bound to this node that have not started, so the device plugin can steer the kubelet
+//! to their slots and answer `Allocate` with exactly their share; which of their
+//! containers are already allocated is the ledger's to say, never the source's.
+//! The sources: the coordinator's stream ([`crate::coordinator_pods`], the default), a
+//! read-only pod watch ([`crate::kube_assignments`]), [`StaticAssignments`] for tests,
+//! and [`NoAssignments`] (`--no-kube`): every request then gets whole free GPUs.
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -14,8 +17,6 @@ use crate::ledger::PodRef;
 
 /// Annotation the coordinator writes with the [`Assignment`] JSON.
 pub const ASSIGNMENT_ANNOTATION: &str = "tessera.dev/assignment";
-/// Annotation the agent writes once the kubelet allocated the pod's GPUs.
-pub const ALLOCATED_ANNOTATION: &str = "tessera.dev/allocated";
 
 /// One GPU (or a share of one) assigned to a container.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,12 +101,10 @@ pub trait AssignmentSource: Send + Sync + 'static {
     /// `none`, `static`, `kube`.
     fn kind(&self) -> &'static str;
 
-    /// Pods bound to this node that request `nvidia.com/gpu` and are not yet marked
-    /// allocated, oldest first.
+    /// Pods bound to this node that request `nvidia.com/gpu` and have neither started nor
+    /// begun terminating, oldest first: the pods an Allocate can be for. Their containers
+    /// already in the ledger are allocated; the others wait for the kubelet.
     fn pending(&self) -> Vec<PendingPod>;
-
-    /// Records that `container` of `pod` got its GPUs (writes `tessera.dev/allocated`).
-    fn mark_allocated(&self, pod: &PodRef, container: &str);
 
     /// The assignment of `pod`, if it has one (used when re-learning allocations).
     fn assignment_of(&self, pod: &PodRef) -> Option<Assignment> {
@@ -149,8 +148,6 @@ impl AssignmentSource for NoAssignments {
     fn pending(&self) -> Vec<PendingPod> {
         Vec::new()
     }
-
-    fn mark_allocated(&self, _pod: &PodRef, _container: &str) {}
 }
 
 /// Assignments held in memory and set by the caller: for tests and demos that play
@@ -164,7 +161,7 @@ pub struct StaticAssignments {
 struct StaticInner {
     pods: Vec<PendingPod>,
     assignments: Vec<(PodRef, Assignment)>,
-    allocated: Vec<(PodRef, String)>,
+    started: Vec<PodRef>,
     uids: Vec<(PodRef, String)>,
     isolation: Vec<(PodRef, crate::enforce::isolation::Isolation)>,
 }
@@ -223,9 +220,16 @@ impl StaticAssignments {
         inner.isolation.push((pod, mode));
     }
 
-    /// Every `(pod, container)` marked allocated so far, in order.
-    pub fn allocated(&self) -> Vec<(PodRef, String)> {
-        self.inner.lock().allocated.clone()
+    /// Drops `pod`, as when it is deleted.
+    pub fn unbind(&self, pod: &PodRef) {
+        let mut inner = self.inner.lock();
+        inner.pods.retain(|p| p.pod != *pod);
+        inner.assignments.retain(|(p, _)| p != pod);
+    }
+
+    /// Marks `pod` started (as its container statuses would): it is no longer pending.
+    pub fn set_started(&self, pod: &PodRef) {
+        self.inner.lock().started.push(pod.clone());
     }
 }
 
@@ -239,33 +243,11 @@ impl AssignmentSource for StaticAssignments {
         let mut pods: Vec<PendingPod> = inner
             .pods
             .iter()
-            .filter_map(|p| {
-                let containers: Vec<PendingContainer> = p
-                    .containers
-                    .iter()
-                    .filter(|c| {
-                        !inner
-                            .allocated
-                            .iter()
-                            .any(|(pod, name)| *pod == p.pod && *name == c.name)
-                    })
-                    .cloned()
-                    .collect();
-                (!containers.is_empty()).then(|| PendingPod {
-                    containers,
-                    ..p.clone()
-                })
-            })
+            .filter(|p| !inner.started.contains(&p.pod))
+            .cloned()
             .collect();
         pods.sort_by(|a, b| (a.created_unix_ms, &a.pod).cmp(&(b.created_unix_ms, &b.pod)));
         pods
-    }
-
-    fn mark_allocated(&self, pod: &PodRef, container: &str) {
-        self.inner
-            .lock()
-            .allocated
-            .push((pod.clone(), container.to_owned()));
     }
 
     fn assignment_of(&self, pod: &PodRef) -> Option<Assignment> {
@@ -326,14 +308,14 @@ mod tests {
     }
 
     #[test]
-    fn static_source_drops_allocated_containers() {
+    fn static_source_lists_pods_oldest_first_until_they_start() {
         let s = StaticAssignments::new();
         s.bind(PodRef::new("ns", "b"), 2, &[("c", 1)], None);
         s.bind(PodRef::new("ns", "a"), 1, &[("c", 1), ("d", 2)], None);
         assert_eq!(s.pending()[0].pod.name, "a");
-        s.mark_allocated(&PodRef::new("ns", "a"), "c");
-        assert_eq!(s.pending()[0].containers.len(), 1);
-        s.mark_allocated(&PodRef::new("ns", "a"), "d");
+        assert_eq!(s.pending()[0].containers.len(), 2);
+        s.set_started(&PodRef::new("ns", "a"));
         assert_eq!(s.pending().len(), 1);
+        assert_eq!(s.pending()[0].pod.name, "b");
     }
 }

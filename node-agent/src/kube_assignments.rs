@@ -1,53 +1,31 @@
-//! The Kubernetes assignment source: watches the pods bound to this node (field
-//! selector `spec.nodeName=<node>`), reads `tessera.dev/assignment`, and writes
-//! `tessera.dev/allocated` once the kubelet allocated a pod's GPUs.
+//! The pod-watch assignment source (`--assignments kube`): watches the pods bound to this
+//! node (field selector `spec.nodeName=<node>`) and reads `tessera.dev/assignment` from
+//! them. Read-only: it needs `list`/`watch` on pods, which the chart's default (the
+//! coordinator's stream, [`crate::coordinator_pods`]) does not grant.
 //!
 //! The watch keeps an in-memory copy of the node's GPU pods; the device plugin reads it
 //! synchronously on every call, so Allocate never waits on the API server.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::assignments::{
-    ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION, Assignment, AssignmentSource, PendingContainer,
-    PendingPod,
-};
+use crate::assignments::{ASSIGNMENT_ANNOTATION, Assignment, AssignmentSource, PendingPod};
 use crate::enforce::isolation::{ISOLATION_ANNOTATION, Isolation};
 use crate::ledger::PodRef;
 use crate::node::GPU_RESOURCE;
-
-/// A GPU pod as the watch last saw it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Entry {
-    pending: PendingPod,
-    /// `metadata.uid`: how the pod's processes are recognised by their cgroups.
-    uid: Option<String>,
-    assignment: Option<Assignment>,
-    /// `tessera.dev/isolation`; `None` when absent (the default, watchdog).
-    isolation: Option<Isolation>,
-    allocated: bool,
-}
-
-#[derive(Debug, Default)]
-struct State {
-    pods: BTreeMap<PodRef, Entry>,
-    /// Containers allocated by this agent (the annotation write may still be in flight).
-    allocated: BTreeSet<(PodRef, String)>,
-}
+use crate::pod_table::{BoundPod, PodTable, RawPod};
 
 /// Assignments from the pods bound to this node.
 pub struct KubeAssignments {
-    client: kube::Client,
-    state: Arc<RwLock<State>>,
+    table: Arc<RwLock<PodTable>>,
     synced: watch::Receiver<bool>,
     departures: Mutex<Option<mpsc::UnboundedReceiver<PodRef>>>,
     task: JoinHandle<()>,
@@ -62,6 +40,24 @@ fn is_finished(pod: &Pod) -> bool {
     )
 }
 
+/// Whether some container of the pod (init containers included) has started: the
+/// kubelet allocates every container's devices at admission, before any starts.
+pub fn has_started(pod: &Pod) -> bool {
+    let Some(status) = &pod.status else {
+        return false;
+    };
+    let began = |statuses: &Option<Vec<k8s_openapi::api::core::v1::ContainerStatus>>| {
+        statuses.iter().flatten().any(|c| {
+            c.state
+                .as_ref()
+                .is_some_and(|s| s.running.is_some() || s.terminated.is_some())
+        })
+    };
+    status.phase.as_deref() == Some("Running")
+        || began(&status.init_container_statuses)
+        || began(&status.container_statuses)
+}
+
 impl Drop for KubeAssignments {
     fn drop(&mut self) {
         self.task.abort();
@@ -69,11 +65,10 @@ impl Drop for KubeAssignments {
 }
 
 /// What the agent needs from one pod; `Ok(None)` for pods that request no GPUs or
-/// are finished; `Err` names a bad annotation.
-fn read_pod(pod: &Pod) -> Result<Option<Entry>, String> {
+/// are finished; `Err` names a bad annotation or limit.
+fn read_pod(pod: &Pod) -> Result<Option<BoundPod>, String> {
     let meta = &pod.metadata;
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    if matches!(phase, Some("Succeeded" | "Failed")) || meta.deletion_timestamp.is_some() {
+    if is_finished(pod) {
         return Ok(None);
     }
     let Some(spec) = &pod.spec else {
@@ -97,67 +92,40 @@ fn read_pod(pod: &Pod) -> Result<Option<Entry>, String> {
                 c.name, limit.0
             )
         })?;
-        if slots > 0 {
-            containers.push((c.name.clone(), slots));
-        }
-    }
-    if containers.is_empty() {
-        return Ok(None);
+        containers.push((c.name.clone(), slots));
     }
     let annotations = meta.annotations.as_ref();
-    let assignment = annotations
-        .and_then(|a| a.get(ASSIGNMENT_ANNOTATION))
-        .map(|text| Assignment::from_json(text))
-        .transpose()?;
-    let isolation = annotations
-        .and_then(|a| a.get(ISOLATION_ANNOTATION))
-        .map(|text| Isolation::parse(text))
-        .transpose()?;
-    let pending = PendingPod {
-        pod: PodRef::new(
-            meta.namespace.clone().unwrap_or_default(),
-            meta.name.clone().unwrap_or_default(),
-        ),
+    BoundPod::read(RawPod {
+        pod: pod_ref(pod),
+        uid: meta.uid.as_deref().unwrap_or_default(),
         created_unix_ms: meta
             .creation_timestamp
             .as_ref()
             .map_or(0, |t| t.0.as_millisecond().max(0) as u64),
-        containers: containers
-            .into_iter()
-            .map(|(name, slots)| PendingContainer {
-                gpus: assignment.as_ref().map(|a| {
-                    a.containers
-                        .iter()
-                        .find(|c| c.container == name)
-                        .map(|c| c.gpus.clone())
-                        .unwrap_or_default()
-                }),
-                name,
-                slots,
-            })
-            .collect(),
-    };
-    Ok(Some(Entry {
-        pending,
-        uid: meta.uid.clone(),
-        assignment,
-        isolation,
-        allocated: annotations.is_some_and(|a| a.contains_key(ALLOCATED_ANNOTATION)),
-    }))
+        containers,
+        assignment: annotations
+            .and_then(|a| a.get(ASSIGNMENT_ANNOTATION))
+            .map(String::as_str),
+        isolation: annotations
+            .and_then(|a| a.get(ISOLATION_ANNOTATION))
+            .map(String::as_str),
+        terminating: meta.deletion_timestamp.is_some(),
+        started: has_started(pod),
+    })
 }
 
 impl KubeAssignments {
     /// Starts watching the pods bound to `node_name`.
     pub fn start(client: kube::Client, node_name: &str) -> Self {
-        let state = Arc::new(RwLock::new(State::default()));
+        let api: Api<Pod> = Api::all(client);
+        let table = Arc::new(RwLock::new(PodTable::default()));
         let (synced_tx, synced) = watch::channel(false);
         let (departed_tx, departed_rx) = mpsc::unbounded_channel();
-        let api: Api<Pod> = Api::all(client.clone());
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
         let task = {
-            let state = Arc::clone(&state);
+            let table = Arc::clone(&table);
             tokio::spawn(async move {
-                let mut fresh: Option<BTreeMap<PodRef, Entry>> = None;
+                let mut fresh: Option<Vec<BoundPod>> = None;
                 let mut stream = watcher(api, config).default_backoff().boxed();
                 // A cause is logged once; its repeats (the watcher retries with backoff) are
                 // logged at debug level until the watch works again.
@@ -178,15 +146,15 @@ impl KubeAssignments {
                     };
                     last_error = None;
                     match event {
-                        watcher::Event::Init => fresh = Some(BTreeMap::new()),
+                        watcher::Event::Init => fresh = Some(Vec::new()),
                         watcher::Event::InitApply(pod) => {
-                            if let (Some(map), Some((key, entry))) = (fresh.as_mut(), keyed(&pod)) {
-                                map.insert(key, entry);
+                            if let (Some(list), Some(entry)) = (fresh.as_mut(), keyed(&pod)) {
+                                list.push(entry);
                             }
                         }
                         watcher::Event::InitDone => {
-                            if let Some(map) = fresh.take() {
-                                state.write().pods = map;
+                            if let Some(list) = fresh.take() {
+                                table.write().replace(list);
                             }
                             let _ = synced_tx.send(true);
                         }
@@ -194,30 +162,23 @@ impl KubeAssignments {
                             if is_finished(&pod) {
                                 let _ = departed_tx.send(pod_ref(&pod));
                             }
-                            let mut s = state.write();
+                            let mut t = table.write();
                             match keyed(&pod) {
-                                Some((key, entry)) => {
-                                    s.pods.insert(key, entry);
-                                }
-                                None => {
-                                    s.pods.remove(&pod_ref(&pod));
-                                }
+                                Some(entry) => t.insert(entry),
+                                None => t.remove(&pod_ref(&pod)),
                             }
                         }
                         watcher::Event::Delete(pod) => {
                             let key = pod_ref(&pod);
                             let _ = departed_tx.send(key.clone());
-                            let mut s = state.write();
-                            s.pods.remove(&key);
-                            s.allocated.retain(|(p, _)| *p != key);
+                            table.write().remove(&key);
                         }
                     }
                 }
             })
         };
         Self {
-            client,
-            state,
+            table,
             synced,
             departures: Mutex::new(Some(departed_rx)),
             task,
@@ -240,9 +201,9 @@ fn pod_ref(pod: &Pod) -> PodRef {
     )
 }
 
-fn keyed(pod: &Pod) -> Option<(PodRef, Entry)> {
+fn keyed(pod: &Pod) -> Option<BoundPod> {
     match read_pod(pod) {
-        Ok(Some(entry)) => Some((entry.pending.pod.clone(), entry)),
+        Ok(Some(entry)) => Some(entry),
         Ok(None) => None,
         Err(reason) => {
             // Such a pod gets nothing: no share can be derived and whole GPUs would
@@ -259,71 +220,15 @@ impl AssignmentSource for KubeAssignments {
     }
 
     fn pending(&self) -> Vec<PendingPod> {
-        let s = self.state.read();
-        let mut pods: Vec<PendingPod> = s
-            .pods
-            .values()
-            .filter(|e| !e.allocated)
-            .filter_map(|e| {
-                let containers: Vec<PendingContainer> = e
-                    .pending
-                    .containers
-                    .iter()
-                    .filter(|c| {
-                        !s.allocated
-                            .contains(&(e.pending.pod.clone(), c.name.clone()))
-                    })
-                    .cloned()
-                    .collect();
-                (!containers.is_empty()).then(|| PendingPod {
-                    containers,
-                    ..e.pending.clone()
-                })
-            })
-            .collect();
-        pods.sort_by(|a, b| (a.created_unix_ms, &a.pod).cmp(&(b.created_unix_ms, &b.pod)));
-        pods
-    }
-
-    fn mark_allocated(&self, pod: &PodRef, container: &str) {
-        let all_done = {
-            let mut s = self.state.write();
-            s.allocated.insert((pod.clone(), container.to_owned()));
-            s.pods.get(pod).is_none_or(|e| {
-                e.pending
-                    .containers
-                    .iter()
-                    .all(|c| s.allocated.contains(&(pod.clone(), c.name.clone())))
-            })
-        };
-        if !all_done {
-            return;
-        }
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
-        let name = pod.name.clone();
-        let patch = serde_json::json!({
-            "metadata": {"annotations": {ALLOCATED_ANNOTATION: crate::ledger::now_unix_ms().to_string()}}
-        });
-        tokio::spawn(async move {
-            if let Err(error) = api
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                tracing::warn!(pod = %name, %error, "could not mark the pod allocated");
-            }
-        });
+        self.table.read().pending()
     }
 
     fn assignment_of(&self, pod: &PodRef) -> Option<Assignment> {
-        self.state
-            .read()
-            .pods
-            .get(pod)
-            .and_then(|e| e.assignment.clone())
+        self.table.read().assignment_of(pod)
     }
 
     fn pod_uid(&self, pod: &PodRef) -> Option<String> {
-        self.state.read().pods.get(pod).and_then(|e| e.uid.clone())
+        self.table.read().pod_uid(pod)
     }
 
     fn departures(&self) -> Option<mpsc::UnboundedReceiver<PodRef>> {
@@ -331,7 +236,7 @@ impl AssignmentSource for KubeAssignments {
     }
 
     fn isolation(&self, pod: &PodRef) -> Option<Isolation> {
-        self.state.read().pods.get(pod).and_then(|e| e.isolation)
+        self.table.read().isolation(pod)
     }
 }
 
@@ -369,7 +274,7 @@ mod tests {
             entry.uid.as_deref(),
             Some("6a1f0c2e-8b3d-4c5e-9f70-1a2b3c4d5e6f")
         );
-        assert!(!entry.allocated);
+        assert!(!entry.started && !entry.terminating);
     }
 
     #[test]

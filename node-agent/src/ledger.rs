@@ -41,7 +41,7 @@ pub enum LedgerError {
 }
 
 /// A pod by namespace and name.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct PodRef {
     /// Namespace.
     pub namespace: String,

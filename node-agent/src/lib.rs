@@ -6,6 +6,7 @@
 pub mod admin;
 pub mod agent;
 pub mod assignments;
+pub mod coordinator_pods;
 pub mod enforce;
 pub mod events;
 pub mod gpu;
@@ -14,6 +15,7 @@ pub mod ledger;
 pub mod metrics;
 pub mod node;
 pub mod plugin;
+pub mod pod_table;
 pub mod probe;
 pub mod reconcile;
 pub mod report;

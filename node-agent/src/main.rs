@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use tessera_agent::admin::{self, Response};
 use tessera_agent::agent::{Agent, AgentConfig};
 use tessera_agent::assignments::{AssignmentSource, NoAssignments};
+use tessera_agent::coordinator_pods::CoordinatorPods;
 use tessera_agent::enforce::mig::MigConfig;
 use tessera_agent::enforce::mps::MpsConfig;
 use tessera_agent::enforce::watchdog::WatchdogConfig;
@@ -115,13 +116,23 @@ struct RunArgs {
     /// Run without a cluster: no assignments, every request gets whole free GPUs.
     #[arg(long)]
     no_kube: bool,
-    /// Coordinator address (`host:port`), or `none`.
+    /// Where the node's pods and their assignments come from: `coordinator` (its agent
+    /// stream; the agent needs no pod access in the API), or `kube` (a read-only watch of
+    /// the pods bound to this node; needs list/watch on pods).
+    #[arg(long, value_enum, default_value_t = AssignmentsArg::Coordinator)]
+    assignments: AssignmentsArg,
+    /// Coordinator address (`host:port` or `http://host:port` for plaintext,
+    /// `https://host:port` for TLS with --coordinator-ca-file), or `none`.
     #[arg(long, default_value = "none")]
     coordinator: String,
     /// ServiceAccount token presented to the coordinator; `none` to send no token.
     /// A missing file only logs a warning (the agent then connects without a token).
     #[arg(long, default_value = DEFAULT_TOKEN_FILE)]
     coordinator_token_file: String,
+    /// PEM CA certificate that signed the coordinator's certificate (for an `https://`
+    /// --coordinator); read on every connect.
+    #[arg(long)]
+    coordinator_ca_file: Option<PathBuf>,
     /// Address for `/metrics` and `/healthz`, or `none`.
     #[arg(long, default_value = "0.0.0.0:9090")]
     metrics_addr: String,
@@ -234,6 +245,14 @@ async fn main() -> anyhow::Result<()> {
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum AssignmentsArg {
+    /// The coordinator's agent stream.
+    Coordinator,
+    /// A read-only watch of the pods bound to this node.
+    Kube,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 enum LogFormatArg {
     /// Human-readable lines.
     Text,
@@ -265,9 +284,19 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         addr if addr.contains(':') => Some(format!("http://{addr}")),
         addr => bail!(
-            "--coordinator {addr:?}: expected host:port (e.g. tessera-coordinator:7070), an http:// URL, or none"
+            "--coordinator {addr:?}: expected host:port (e.g. tessera-coordinator:7070), an http:// or https:// URL, or none"
         ),
     };
+    if coordinator
+        .as_deref()
+        .is_some_and(|c| c.starts_with("https://"))
+        && args.coordinator_ca_file.is_none()
+    {
+        bail!(
+            "--coordinator {}: an https:// coordinator needs --coordinator-ca-file (the CA that signed its certificate)",
+            args.coordinator
+        );
+    }
     let metrics_addr = match args.metrics_addr.as_str() {
         "none" => None,
         addr => Some(addr.parse().with_context(|| {
@@ -291,6 +320,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     });
     let backend = Backend::open(&args.gpu_backend)?;
     let mut events: Arc<dyn EventSink> = Arc::new(LogEvents);
+    if !args.no_kube && args.assignments == AssignmentsArg::Coordinator && coordinator.is_none() {
+        bail!(
+            "--assignments coordinator needs --coordinator HOST:PORT (the coordinator streams \
+             this node's pods); use --assignments kube to read them from the API, or --no-kube"
+        );
+    }
+    let mut node_pods = None;
     let source: Arc<dyn AssignmentSource> = if args.no_kube {
         Arc::new(NoAssignments)
     } else {
@@ -299,13 +335,23 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
              use --no-kube to run without a cluster",
         )?;
         events = Arc::new(KubeEvents::new(client.clone(), &args.node_name));
-        let pods = KubeAssignments::start(client, &args.node_name);
-        if !pods.wait_synced(Duration::from_secs(30)).await {
-            tracing::warn!(
-                "the pod list has not arrived after 30s; continuing, Allocate will wait for assignments"
-            );
+        match args.assignments {
+            AssignmentsArg::Kube => {
+                let pods = KubeAssignments::start(client, &args.node_name);
+                if !pods.wait_synced(Duration::from_secs(30)).await {
+                    tracing::warn!(
+                        "the pod list has not arrived after 30s; continuing, Allocate will wait for assignments"
+                    );
+                }
+                Arc::new(pods)
+            }
+            AssignmentsArg::Coordinator => {
+                // Filled by the coordinator stream once it connects; Allocate waits for it.
+                let pods = Arc::new(CoordinatorPods::new());
+                node_pods = Some(Arc::clone(&pods));
+                pods
+            }
         }
-        Arc::new(pods)
     };
     let config = AgentConfig {
         node_name: args.node_name,
@@ -322,6 +368,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             mig_slots: args.mig_create,
         },
         source,
+        node_pods,
         reconcile_every: Duration::from_secs(args.reconcile_interval_secs.max(1)),
         reconcile_grace: Duration::from_secs(30),
         metrics_addr,
@@ -330,6 +377,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             "none" | "" => None,
             path => Some(PathBuf::from(path)),
         },
+        coordinator_ca_file: args.coordinator_ca_file,
         proc_root: args.proc_root,
         watchdog,
         events,

@@ -166,10 +166,27 @@ impl Node {
                     } else {
                         Health::Unhealthy
                     },
-                    numa_node: d.numa_node.map(i64::from),
+                    // No NUMA hint: the coordinator chose the GPU, and a Topology Manager
+                    // policy would otherwise narrow the kubelet's choice to one NUMA node's
+                    // slots, which need not hold that GPU (for a one-slot request it always
+                    // picks NUMA node 0).
+                    numa_node: None,
                 })
             })
             .collect()
+    }
+
+    /// Frees the shares of `pod`, which left the node (deleted or finished).
+    pub fn release_departed(&self, pod: &crate::ledger::PodRef) {
+        let released = self.ledger.lock().release_pod(pod);
+        match released {
+            Ok(gone) if !gone.is_empty() => {
+                self.bump();
+                tracing::info!(pod = %pod, released = gone.len(), "pod left; its GPU shares are free");
+            }
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, "releasing a departed pod's shares failed"),
+        }
     }
 
     /// Says that health or the ledger changed.

@@ -11,6 +11,11 @@
 //! allowed (no cluster, or a pending pod without an assignment), and otherwise fails
 //! with a message saying why — never some other pod's share.
 //!
+//! A restarted kubelet asks again for an allocation it was answered but had not yet
+//! checkpointed. Allocations made before a (re-)registration for pods that have not started
+//! are therefore unconfirmed until pod-resources lists them: one whose pod the kubelet lists
+//! without devices for that container was lost, and its container is pending again.
+//!
 //! Pods with `tessera.dev/isolation: mps` also get their GPU's MPS daemon (started on
 //! demand) and its client limits; a pod assigned a GPU in MIG mode (advertised only
 //! with `--mig-create`) gets a MIG instance created for it. Both are set up before the
@@ -18,6 +23,7 @@
 //! neither and stays synchronous.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -62,6 +68,10 @@ pub struct GpuPlugin {
     reservations: Mutex<Vec<Reservation>>,
     mps: Option<Arc<MpsManager>>,
     mig: Option<Arc<MigManager>>,
+    /// The kubelet's pod-resources socket, to settle unconfirmed allocations.
+    pod_resources: Option<PathBuf>,
+    /// Ledger ids allocated before the latest registration for pods not started yet.
+    unconfirmed: Mutex<BTreeSet<u64>>,
 }
 
 /// A pending assigned container: its pod, name, assigned GPUs and the pod's creation time.
@@ -107,6 +117,85 @@ impl GpuPlugin {
             reservations: Mutex::new(Vec::new()),
             mps: None,
             mig: None,
+            pod_resources: None,
+            unconfirmed: Mutex::new(BTreeSet::new()),
+        }
+    }
+
+    /// Settles allocations a restarted kubelet may have lost through `socket` (its
+    /// pod-resources API); without it they are kept as they are.
+    pub fn with_pod_resources(mut self, socket: PathBuf) -> Self {
+        self.pod_resources = Some(socket);
+        self
+    }
+
+    /// Marks the ledger's allocations for pods that have not started as unconfirmed: the
+    /// kubelet about to register may not know them.
+    fn mark_unconfirmed(&self) {
+        let pending: BTreeSet<PodRef> = self.source.pending().into_iter().map(|p| p.pod).collect();
+        let ledger = self.node.ledger.lock();
+        let ids: BTreeSet<u64> = ledger
+            .allocations()
+            .iter()
+            .filter(|a| a.resource == GPU_RESOURCE && a.origin == Origin::Assigned)
+            .filter(|a| a.pod.as_ref().is_some_and(|p| pending.contains(p)))
+            .map(|a| a.id)
+            .collect();
+        drop(ledger);
+        *self.unconfirmed.lock() = ids;
+    }
+
+    /// Asks pod-resources about the unconfirmed allocations (only while there are any):
+    /// listed with devices → confirmed; the pod listed but that container without devices
+    /// → lost by the kubelet, released so that the container is matched again; the pod not
+    /// listed yet → still open. A pod that started or left is confirmed by that.
+    async fn settle_unconfirmed(&self) {
+        if self.unconfirmed.lock().is_empty() {
+            return;
+        }
+        let Some(socket) = &self.pod_resources else {
+            self.unconfirmed.lock().clear();
+            return;
+        };
+        let listed = match crate::reconcile::list_containers(socket).await {
+            Ok(l) => l,
+            Err(error) => {
+                tracing::debug!(%error, "cannot settle allocations after a kubelet restart yet");
+                return;
+            }
+        };
+        let pending: BTreeSet<PodRef> = self.source.pending().into_iter().map(|p| p.pod).collect();
+        let mut unconfirmed = self.unconfirmed.lock();
+        let mut ledger = self.node.ledger.lock();
+        let mut lost = Vec::new();
+        unconfirmed.retain(|id| {
+            let Some(a) = ledger.allocations().iter().find(|a| a.id == *id) else {
+                return false;
+            };
+            let (Some(pod), Some(container)) = (&a.pod, &a.container) else {
+                return false;
+            };
+            if !pending.contains(pod) {
+                return false;
+            }
+            match listed.iter().find(|(p, c, _)| p == pod && c == container) {
+                Some((_, _, true)) => false,
+                Some((_, _, false)) => {
+                    lost.push((a.slots.clone(), pod.clone(), container.clone()));
+                    false
+                }
+                // An init container (pod-resources lists app containers only) or a pod
+                // the kubelet has not taken in yet: nothing to conclude.
+                None => true,
+            }
+        });
+        for (slots, pod, container) in lost {
+            if let Err(error) = ledger.remove_holding(&slots) {
+                tracing::warn!(%pod, container, %error, "could not release an allocation the kubelet lost");
+                continue;
+            }
+            tracing::info!(%pod, container, ?slots,
+                "the restarted kubelet lost this allocation (not checkpointed); the container is pending again");
         }
     }
 
@@ -171,6 +260,7 @@ impl GpuPlugin {
         if self.source.kind() == "none" {
             return;
         }
+        self.settle_unconfirmed().await;
         let deadline = Instant::now() + WATCH_CATCH_UP;
         for &size in sizes {
             while self.assigned_candidates(size).is_empty()
@@ -677,6 +767,10 @@ impl DeviceProvider for GpuPlugin {
         }
     }
 
+    fn registering(&self) {
+        self.mark_unconfirmed();
+    }
+
     async fn preferred_allocation(
         &self,
         request: api::PreferredAllocationRequest,
@@ -882,7 +976,6 @@ impl GpuPlugin {
         for plan in plans {
             if let (Some(pod), Some(container)) = (&plan.pod, &plan.container) {
                 reservations.retain(|r| !(r.pod == *pod && r.container == *container));
-                self.source.mark_allocated(pod, container);
                 tracing::info!(pod = %pod, container, slots = ?plan.slots, origin = ?plan.origin, "allocated");
             } else {
                 tracing::info!(slots = ?plan.slots, "allocated whole GPUs");

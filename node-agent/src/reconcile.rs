@@ -31,18 +31,42 @@ pub enum ReconcileError {
     Ledger(#[from] crate::ledger::LedgerError),
 }
 
-/// Reads every container's `nvidia.com/*` device ids from the pod-resources socket.
-pub async fn list_gpu_holders(socket: &Path) -> Result<Vec<ListedContainer>, ReconcileError> {
+async fn list(socket: &Path) -> Result<pr::ListPodResourcesResponse, ReconcileError> {
     let channel = tessera_device_plugin::uds::connect(socket.to_path_buf())
         .await
         .map_err(|e| ReconcileError::Connect {
             path: socket.display().to_string(),
             reason: e.to_string(),
         })?;
-    let response = PodResourcesListerClient::new(channel)
+    Ok(PodResourcesListerClient::new(channel)
         .list(pr::ListPodResourcesRequest {})
         .await?
-        .into_inner();
+        .into_inner())
+}
+
+/// Every container the kubelet lists (its pods' app containers, whether or not they hold
+/// devices), and whether it holds `nvidia.com/gpu` slots.
+pub async fn list_containers(socket: &Path) -> Result<Vec<(PodRef, String, bool)>, ReconcileError> {
+    let response = list(socket).await?;
+    Ok(response
+        .pod_resources
+        .into_iter()
+        .flat_map(|pod| {
+            let p = PodRef::new(&pod.namespace, &pod.name);
+            pod.containers.into_iter().map(move |c| {
+                let holds = c
+                    .devices
+                    .iter()
+                    .any(|d| d.resource_name == GPU_RESOURCE && !d.device_ids.is_empty());
+                (p.clone(), c.name, holds)
+            })
+        })
+        .collect())
+}
+
+/// Reads every container's `nvidia.com/*` device ids from the pod-resources socket.
+pub async fn list_gpu_holders(socket: &Path) -> Result<Vec<ListedContainer>, ReconcileError> {
+    let response = list(socket).await?;
     let mut out = Vec::new();
     for pod in response.pod_resources {
         for container in pod.containers {

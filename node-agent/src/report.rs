@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::{Ascii, MetadataValue};
 
+use crate::coordinator_pods::CoordinatorPods;
 use crate::enforce::usage::PodMeter;
 use crate::gpu::PcieRelation;
 use crate::ledger::now_unix_ms;
@@ -107,7 +108,19 @@ pub fn occupancy(node: &Node, meter: &PodMeter) -> pb::Occupancy {
             (sample, usage)
         })
         .collect();
+    let pending = meter.pending_pods();
     let ledger = node.ledger.lock();
+    // Pods whose every GPU container is in the ledger but that have not started: the
+    // coordinator holds other pods of the same request size off this node until then.
+    let allocated_pod_uids = pending
+        .iter()
+        .filter(|p| {
+            p.containers
+                .iter()
+                .all(|c| ledger.has_container(&p.pod, &c.name))
+        })
+        .filter_map(|p| meter.pod_uid(Some(&p.pod)))
+        .collect();
     let gpus = node
         .devices()
         .iter()
@@ -180,6 +193,7 @@ pub fn occupancy(node: &Node, meter: &PodMeter) -> pb::Occupancy {
     pb::Occupancy {
         gpus,
         observed_unix_ms: now_unix_ms() as i64,
+        allocated_pod_uids,
     }
 }
 
@@ -196,6 +210,8 @@ enum SessionEnd {
     Stream(#[from] tonic::Status),
     #[error("coordinator closed the stream")]
     Closed,
+    #[error("TLS: {0}")]
+    Tls(String),
     #[error("coordinator rejected protocol {ours}: {reason}")]
     Rejected { ours: u32, reason: String },
 }
@@ -214,6 +230,9 @@ impl SessionEnd {
                 "check --coordinator (the coordinator Service's address) and that the coordinator runs"
             }
             SessionEnd::Rejected { .. } => "run an agent and a coordinator of the same release",
+            SessionEnd::Tls(_) => {
+                "give --coordinator-ca-file the CA that signed the coordinator's --agent-tls-cert-file (the chart mounts ca.crt of the coordinator's TLS Secret)"
+            }
             _ => "",
         }
     }
@@ -221,28 +240,55 @@ impl SessionEnd {
 
 /// Reports to the coordinator at `endpoint` (`http://host:port`) until dropped.
 pub async fn run(endpoint: String, node: Arc<Node>, node_name: String, meter: PodMeter) {
-    run_authenticated(endpoint, node, node_name, meter, None).await
+    run_authenticated(endpoint, node, node_name, meter, Security::default(), None).await
+}
+
+/// How the agent proves who it is and checks whom it talks to.
+#[derive(Clone, Debug, Default)]
+pub struct Security {
+    /// The ServiceAccount token presented to the coordinator, read on every connect.
+    pub token_file: Option<PathBuf>,
+    /// The CA that signed the coordinator's certificate, for `https://` endpoints; read on
+    /// every connect, so a rotated CA is picked up.
+    pub ca_file: Option<PathBuf>,
 }
 
 /// Like [`run`], presenting the ServiceAccount token read from `token_file` as
 /// `authorization: Bearer <token>` metadata. The file is read again on every connect,
 /// because the kubelet rotates projected tokens; while it is missing or unreadable the
 /// agent connects without a token (a coordinator that checks tokens will refuse it).
+/// An `https://` endpoint is verified against `security.ca_file`. The coordinator's
+/// `NodePods` snapshots go to `pods` when given.
 pub async fn run_authenticated(
     endpoint: String,
     node: Arc<Node>,
     node_name: String,
     meter: PodMeter,
-    token_file: Option<PathBuf>,
+    security: Security,
+    pods: Option<Arc<CoordinatorPods>>,
 ) {
     let mut failures: u32 = 0;
-    let mut token = TokenSource::new(token_file);
+    let mut token = TokenSource::new(security.token_file.clone());
     // The last cause logged: each cause is logged once when it appears, then retried quietly.
     let mut last_cause: Option<String> = None;
     loop {
         let bearer = token.read();
         let before = failures;
-        match session(&endpoint, &node, &node_name, &meter, &mut failures, bearer).await {
+        let peer = Peer {
+            node: &node,
+            node_name: &node_name,
+            meter: &meter,
+            pods: pods.as_deref(),
+        };
+        match session(
+            &endpoint,
+            security.ca_file.as_deref(),
+            &peer,
+            &mut failures,
+            bearer,
+        )
+        .await
+        {
             Ok(()) => return,
             Err(error) => {
                 // A session that got as far as Welcome reset `failures`: its end is news.
@@ -313,20 +359,52 @@ impl TokenSource {
     }
 }
 
+/// What one session reports from and delivers to.
+struct Peer<'a> {
+    node: &'a Node,
+    node_name: &'a str,
+    meter: &'a PodMeter,
+    pods: Option<&'a CoordinatorPods>,
+}
+
+/// The channel to `endpoint`: TLS verified against the CA in `ca_file` for `https://`.
+async fn channel(
+    endpoint: &str,
+    ca_file: Option<&std::path::Path>,
+) -> Result<tonic::transport::Channel, SessionEnd> {
+    let mut target = tonic::transport::Endpoint::from_shared(endpoint.to_owned())
+        .map_err(|e| SessionEnd::Connect(e.to_string()))?
+        .connect_timeout(Duration::from_secs(5));
+    if endpoint.starts_with("https://") {
+        let Some(path) = ca_file else {
+            return Err(SessionEnd::Tls(
+                "an https:// coordinator needs --coordinator-ca-file".into(),
+            ));
+        };
+        let pem = std::fs::read(path)
+            .map_err(|e| SessionEnd::Tls(format!("reading the CA file {}: {e}", path.display())))?;
+        let tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(pem));
+        target = target
+            .tls_config(tls)
+            .map_err(|e| SessionEnd::Tls(e.to_string()))?;
+    }
+    target.connect().await.map_err(|e| {
+        // The transport error's own text is "transport error"; its source says what failed.
+        let detail = std::error::Error::source(&e).map_or(String::new(), |s| format!(": {s}"));
+        SessionEnd::Connect(format!("{e}{detail}"))
+    })
+}
+
 async fn session(
     endpoint: &str,
-    node: &Node,
-    node_name: &str,
-    meter: &PodMeter,
+    ca_file: Option<&std::path::Path>,
+    peer: &Peer<'_>,
     failures: &mut u32,
     bearer: Option<MetadataValue<Ascii>>,
 ) -> Result<(), SessionEnd> {
-    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_owned())
-        .map_err(|e| SessionEnd::Connect(e.to_string()))?
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .map_err(|e| SessionEnd::Connect(e.to_string()))?;
+    let (node, node_name, meter) = (peer.node, peer.node_name, peer.meter);
+    let channel = channel(endpoint, ca_file).await?;
     let (tx, rx) = mpsc::channel::<pb::AgentMessage>(256);
     // Sending into our own fresh channel only fails if the stream is gone.
     let send = |m| tx.try_send(m).map_err(|_| SessionEnd::Closed);
@@ -366,7 +444,15 @@ async fn session(
                             tick = tokio::time::interval(heartbeat);
                             tick.tick().await;
                         }
-                        tracing::info!(coordinator = %w.coordinator_id, "connected to the coordinator");
+                        tracing::info!(coordinator = %w.coordinator_id, protocol = w.accepted_protocol_version, "connected to the coordinator");
+                        if peer.pods.is_some() && w.accepted_protocol_version < 2 {
+                            tracing::error!(
+                                protocol = w.accepted_protocol_version,
+                                "this coordinator does not stream the node's pods (protocol revision 2): GPU pods \
+                                 here get no assignment; upgrade the coordinator, or run the agent with \
+                                 --assignments kube (it then needs list/watch on pods)"
+                            );
+                        }
                         send(msg(pb::agent_message::Body::Occupancy(occupancy(node, meter))))?;
                     }
                     Some(pb::coordinator_message::Body::Reject(r)) => {
@@ -375,6 +461,18 @@ async fn session(
                     Some(pb::coordinator_message::Body::Resync(_)) => {
                         send(msg(pb::agent_message::Body::Inventory(inventory(node, node_name))))?;
                         send(msg(pb::agent_message::Body::Occupancy(occupancy(node, meter))))?;
+                    }
+                    Some(pb::coordinator_message::Body::NodePods(pods)) => {
+                        if let Some(sink) = peer.pods {
+                            // Departed pods first: a pod arriving in the same snapshot may
+                            // have been placed on what they held.
+                            for gone in sink.gone_in(&pods) {
+                                node.release_departed(&gone);
+                            }
+                            sink.apply(&pods);
+                            // Occupancy lists which of them are allocated; it may have changed.
+                            send(msg(pb::agent_message::Body::Occupancy(occupancy(node, meter))))?;
+                        }
                     }
                     Some(pb::coordinator_message::Body::Heartbeat(_)) | None => {}
                 }

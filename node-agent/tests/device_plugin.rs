@@ -27,7 +27,8 @@ async fn registers_gpu_slots_and_mig_resources() {
     }
     assert!(!ids.iter().any(|id| id.starts_with(&h.uuid(7))));
     assert!(devices.iter().all(|d| d.health == "Healthy"));
-    assert_eq!(devices[0].topology.as_ref().unwrap().nodes[0].id, 0);
+    // Slots carry no NUMA hint (the coordinator picked the GPU; see kubelet_lite.rs).
+    assert!(devices.iter().all(|d| d.topology.is_none()));
 
     let mut resources: Vec<String> = h
         .kubelet
@@ -162,10 +163,10 @@ async fn two_pending_pods_with_different_fractions_get_exactly_their_assignment(
     let env_b = plugin.allocate_one(&refs(&slot_b)).await.unwrap().envs;
     assert_eq!(env_b["TESSERA_GPU_MEMORY_LIMIT_MIB"], "10240");
     assert_eq!(env_b["TESSERA_GPU_COMPUTE_PERCENT"], "25");
-    assert_eq!(
-        source.allocated(),
-        vec![(a, "main".to_owned()), (b, "main".to_owned())]
-    );
+    {
+        let ledger = h.agent().node().ledger.lock();
+        assert!(ledger.has_container(&a, "main") && ledger.has_container(&b, "main"));
+    }
 
     // Two more pending on different GPUs; the kubelet allocates the younger one's GPU
     // without asking for a preference: it is matched by GPU, not by age.

@@ -1,6 +1,6 @@
 //! The Kubernetes assignment source against a real kube-apiserver (hack/k8s): assignments
-//! are read from pods bound to this node, Allocate answers exactly them, and the agent marks
-//! the pods allocated.
+//! are read from pods bound to this node, Allocate answers exactly them, and the agent writes
+//! nothing to the pods.
 
 mod common;
 
@@ -10,8 +10,9 @@ use std::time::Duration;
 use common::{Harness, WAIT, gpu_of, refs, share};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
-use tessera_agent::assignments::{ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION, AssignmentSource};
+use tessera_agent::assignments::{ASSIGNMENT_ANNOTATION, AssignmentSource};
 use tessera_agent::kube_assignments::KubeAssignments;
+use tessera_agent::ledger::PodRef;
 use tessera_testcluster::{Cluster, ClusterOptions};
 
 fn gpu_pod(name: &str, node: &str, created: &str, gpus: u32, assignment: Option<String>) -> Pod {
@@ -31,27 +32,26 @@ fn gpu_pod(name: &str, node: &str, created: &str, gpus: u32, assignment: Option<
     .unwrap()
 }
 
-async fn wait_allocated(api: &Api<Pod>, name: &str) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let pod = api.get(name).await.unwrap();
-        if pod
-            .metadata
-            .annotations
-            .is_some_and(|a| a.contains_key(ALLOCATED_ANNOTATION))
-        {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{name} was not marked allocated"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+/// The ledger holds `name`'s main container, and the pod itself was left as it was: the
+/// agent writes no pod.
+async fn assert_allocated(h: &Harness, api: &Api<Pod>, name: &str) {
+    let pod = PodRef::new("default", name);
+    assert!(h.agent().node().ledger.lock().has_container(&pod, "main"));
+    let annotations = api
+        .get(name)
+        .await
+        .unwrap()
+        .metadata
+        .annotations
+        .unwrap_or_default();
+    assert!(
+        !annotations.contains_key("tessera.dev/allocated"),
+        "the agent wrote on {name}: {annotations:?}"
+    );
 }
 
 #[tokio::test]
-async fn pods_bound_to_this_node_get_exactly_their_assignment_and_are_marked() {
+async fn pods_bound_to_this_node_get_exactly_their_assignment_and_are_not_written() {
     // Pods need the namespace's ServiceAccount, which the real controller creates.
     let server = Cluster::start(ClusterOptions {
         controllers: Some("serviceaccount-controller".into()),
@@ -140,7 +140,7 @@ async fn pods_bound_to_this_node_get_exactly_their_assignment_and_are_marked() {
     let env = plugin.allocate_one(&refs(&slot)).await.unwrap().envs;
     assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], g0);
     assert_eq!(env["TESSERA_GPU_MEMORY_LIMIT_MIB"], "20480");
-    wait_allocated(&api, "a").await;
+    assert_allocated(&h, &api, "a").await;
 
     let slot = plugin
         .preferred_allocation(&refs(&all), &[], 1)
@@ -149,7 +149,7 @@ async fn pods_bound_to_this_node_get_exactly_their_assignment_and_are_marked() {
     let env = plugin.allocate_one(&refs(&slot)).await.unwrap().envs;
     assert_eq!(env["TESSERA_GPU_MEMORY_LIMIT_MIB"], "8192");
     assert_eq!(env["TESSERA_GPU_COMPUTE_PERCENT"], "20");
-    wait_allocated(&api, "b").await;
+    assert_allocated(&h, &api, "b").await;
 
     // The other scheduler's pod gets two whole free GPUs, an NVLink pair.
     let pair = plugin
@@ -159,6 +159,7 @@ async fn pods_bound_to_this_node_get_exactly_their_assignment_and_are_marked() {
     assert!(pair.iter().all(|s| gpu_of(s) != g0));
     let env = plugin.allocate_one(&refs(&pair)).await.unwrap().envs;
     assert_eq!(env["TESSERA_GPU_COMPUTE_PERCENT"], "100,100");
-    wait_allocated(&api, "plain").await;
-    assert!(source.pending().is_empty());
+    assert_allocated(&h, &api, "plain").await;
+    // Pending means "not started": they stay listed, the ledger says they are allocated.
+    assert_eq!(source.pending().len(), 3);
 }

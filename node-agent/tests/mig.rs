@@ -147,6 +147,7 @@ async fn mig_pods_get_instances_that_go_with_them() {
 
     // Pod a is gone while a process still runs in its instance: the instance stays.
     h.sim.set_mig_processes(&a_mig, 1);
+    source.unbind(&PodRef::new("ml", "a"));
     release(&h, &format!("{g1}-0"));
     let until = Instant::now() + Duration::from_millis(500);
     while Instant::now() < until {
@@ -174,6 +175,7 @@ async fn mig_pods_get_instances_that_go_with_them() {
     plugin.allocate_one(&[&format!("{g2}-0")]).await.unwrap();
     assert_eq!(layout(&h, &g2), [pair("2g.20gb", 4), pair("1g.10gb", 6)]);
     // When pod d goes, only its own instance goes.
+    source.unbind(&PodRef::new("ml", "d"));
     release(&h, &format!("{g2}-0"));
     eventually("pod d's instance is destroyed", || {
         instances(&h, &g2).len() == 1

@@ -5,7 +5,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{Harness, WAIT, gpu_of, refs, share};
-use tessera_agent::assignments::{AssignmentSource, StaticAssignments};
+use tessera_agent::assignments::StaticAssignments;
 use tessera_agent::ledger::{CHECKPOINT_FILE, Origin, PodRef};
 use tessera_agent::reconcile::reconcile_once;
 use tessera_device_plugin::testing::pod_with_devices;
@@ -59,8 +59,8 @@ fn source_with_assignments(h: &Harness) -> Arc<StaticAssignments> {
         &[("main", 1)],
         Some(share(&g0, 10240, 250)),
     );
-    s.mark_allocated(&PodRef::new("ml", "a"), "main");
-    s.mark_allocated(&PodRef::new("ml", "b"), "main");
+    s.set_started(&PodRef::new("ml", "a"));
+    s.set_started(&PodRef::new("ml", "b"));
     s
 }
 
@@ -184,4 +184,96 @@ async fn kubelet_restart_gets_a_fresh_registration() {
         .await
         .unwrap();
     assert_eq!(devices.len(), 40);
+}
+
+/// Binds a (half of GPU 0, older) and b (a quarter of GPU 0) with one-slot requests and lets
+/// the kubelet allocate a only; then the kubelet restarts.
+async fn a_allocated_then_kubelet_restarts(h: &mut Harness, source: &StaticAssignments) -> String {
+    let g0 = h.uuid(0);
+    source.bind(
+        PodRef::new("ml", "a"),
+        1,
+        &[("main", 1)],
+        Some(share(&g0, 20480, 500)),
+    );
+    source.bind(
+        PodRef::new("ml", "b"),
+        2,
+        &[("main", 1)],
+        Some(share(&g0, 10240, 250)),
+    );
+    let plugin = h.gpu_plugin().await;
+    let all = h.available(&plugin).await;
+    let a = plugin
+        .preferred_allocation(&refs(&all), &[], 1)
+        .await
+        .unwrap();
+    let env = plugin.allocate_one(&refs(&a)).await.unwrap().envs;
+    assert_eq!(env["TESSERA_GPU_MEMORY_LIMIT_MIB"], "20480");
+    h.kubelet.restart().await.unwrap();
+    a.into_iter().next().unwrap()
+}
+
+/// What the restarted kubelet's next one-slot request gets, as its memory limit.
+async fn next_one_slot_limit(h: &Harness) -> String {
+    let plugin = h
+        .kubelet
+        .wait_for_plugin("nvidia.com/gpu", WAIT)
+        .await
+        .unwrap();
+    let all = h.available(&plugin).await;
+    let slot = plugin
+        .preferred_allocation(&refs(&all), &[], 1)
+        .await
+        .unwrap();
+    let env = plugin.allocate_one(&refs(&slot)).await.unwrap().envs;
+    env["TESSERA_GPU_MEMORY_LIMIT_MIB"].clone()
+}
+
+#[tokio::test]
+async fn a_restarted_kubelet_that_lost_an_allocation_gets_it_for_the_same_pod_again() {
+    // The kubelet answered for a but died before checkpointing it: after the restart it
+    // lists a without devices and asks for a's container again. That request is a's, not
+    // b's, although both are pending requests of one slot on GPU 0.
+    let source = Arc::new(StaticAssignments::new());
+    let mut h = Harness::start("a100-8x-mig.yaml", source.clone()).await;
+    a_allocated_then_kubelet_restarts(&mut h, &source).await;
+    h.pod_resources.set_pods(vec![pod_with_devices(
+        "ml",
+        "a",
+        "main",
+        "nvidia.com/gpu",
+        &[],
+    )]);
+    assert_eq!(next_one_slot_limit(&h).await, "20480", "a's share again");
+    h.pod_resources.set_pods(vec![
+        pod_with_devices("ml", "a", "main", "nvidia.com/gpu", &[]),
+        pod_with_devices("ml", "b", "main", "nvidia.com/gpu", &[]),
+    ]);
+    assert_eq!(next_one_slot_limit(&h).await, "10240", "then b's");
+    let ledger = h.agent().node().ledger.lock();
+    let held: Vec<_> = ledger.allocations().iter().map(|a| a.pod.clone()).collect();
+    assert_eq!(
+        held,
+        [Some(PodRef::new("ml", "a")), Some(PodRef::new("ml", "b"))],
+        "a's first allocation was released, not kept beside the new one"
+    );
+}
+
+#[tokio::test]
+async fn a_restarted_kubelet_that_kept_an_allocation_is_not_asked_about_it() {
+    // The control: the kubelet had checkpointed a (pod-resources lists its slot), so its next
+    // one-slot request is b's.
+    let source = Arc::new(StaticAssignments::new());
+    let mut h = Harness::start("a100-8x-mig.yaml", source.clone()).await;
+    let a_slot = a_allocated_then_kubelet_restarts(&mut h, &source).await;
+    h.pod_resources.set_pods(vec![pod_with_devices(
+        "ml",
+        "a",
+        "main",
+        "nvidia.com/gpu",
+        &[&a_slot],
+    )]);
+    assert_eq!(next_one_slot_limit(&h).await, "10240");
+    assert_eq!(h.agent().node().ledger.lock().allocations().len(), 2);
 }

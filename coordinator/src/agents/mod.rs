@@ -59,16 +59,27 @@ pub async fn serve_with(
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_default();
-    tracing::info!(%addr, "agent service listening");
+    let tls = options.tls.clone();
+    tracing::info!(%addr, tls = tls.is_some(), "agent service listening");
     let service = AgentServer::new(registry, auth, options, shutdown.clone());
     let mut stop = shutdown;
-    tonic::transport::Server::builder()
-        .add_service(AgentServiceServer::new(service))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
-            stopped(&mut stop).await;
-        })
-        .await
-        .map_err(|source| AgentsError::Serve { addr, source })
+    let until = async move {
+        stopped(&mut stop).await;
+    };
+    let router = tonic::transport::Server::builder().add_service(AgentServiceServer::new(service));
+    let served = match tls {
+        Some(cert) => {
+            router
+                .serve_with_incoming_shutdown(crate::tls::incoming(listener, cert), until)
+                .await
+        }
+        None => {
+            router
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), until)
+                .await
+        }
+    };
+    served.map_err(|source| AgentsError::Serve { addr, source })
 }
 
 /// Resolves once `shutdown` turns true; never when its sender is dropped without that

@@ -2,7 +2,7 @@
 //! NVLink islands derived from the link matrix), health, occupancy, and whether its
 //! agent is connected. Every change that matters to scheduling bumps a watch counter.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,6 +32,10 @@ pub struct AgentNode {
     pub occupancy: BTreeMap<String, GpuOccupancy>,
     /// Why each unhealthy GPU is unhealthy (UUID -> reason).
     pub health_reasons: BTreeMap<String, String>,
+    /// UIDs of the pods the agent reports allocated but not started (revision 2): the
+    /// kubelet has every device of theirs, so another pod with a request of the same size
+    /// can no longer be mistaken for them.
+    pub allocated_pods: BTreeSet<String>,
     /// A stream from this node's agent is open now.
     pub connected: bool,
     /// When the agent last sent anything (heartbeats included).
@@ -105,8 +109,25 @@ struct Entry {
     outbound: Option<mpsc::Sender<pb::CoordinatorMessage>>,
 }
 
+/// How long a pod announced by [`AgentRegistry::announce_binding`] stays in its node's
+/// snapshots without the cache showing it bound there.
+const ANNOUNCED_FOR: Duration = Duration::from_secs(30);
+
+/// One node's announced pods by uid, with when each was announced.
+type Announced = BTreeMap<String, (pb::BoundPod, Instant)>;
+
+/// The latest `NodePods` of one node; `None` until the pod cache is complete.
+type PodsCell = watch::Sender<Option<Arc<pb::NodePods>>>;
+
 struct Inner {
     nodes: Mutex<BTreeMap<String, Entry>>,
+    /// Per node, what its agent's stream sends as `NodePods` (kept apart from `nodes`:
+    /// pods are published for nodes whose agent has not connected yet).
+    pods: Mutex<BTreeMap<String, PodsCell>>,
+    /// Pods this replica is binding, by node then uid, with when: included in the node's
+    /// snapshots until the cache shows them there, or [`ANNOUNCED_FOR`] passed (the
+    /// Binding failed and the cache never will).
+    announced: Mutex<BTreeMap<String, Announced>>,
     changes: watch::Sender<u64>,
     next_session: Mutex<u64>,
 }
@@ -146,6 +167,8 @@ impl AgentRegistry {
         Self {
             inner: Arc::new(Inner {
                 nodes: Mutex::new(BTreeMap::new()),
+                pods: Mutex::new(BTreeMap::new()),
+                announced: Mutex::new(BTreeMap::new()),
                 changes,
                 next_session: Mutex::new(0),
             }),
@@ -164,6 +187,17 @@ impl AgentRegistry {
             .lock()
             .values()
             .map(|e| e.view.clone())
+            .collect()
+    }
+
+    /// Per node, the pods its agent reports allocated but not started.
+    pub fn allocated_by_node(&self) -> BTreeMap<String, BTreeSet<String>> {
+        self.inner
+            .nodes
+            .lock()
+            .iter()
+            .filter(|(_, e)| !e.view.allocated_pods.is_empty())
+            .map(|(n, e)| (n.clone(), e.view.allocated_pods.clone()))
             .collect()
     }
 
@@ -212,6 +246,7 @@ impl AgentRegistry {
                 shares_per_gpu: inventory.shares_per_gpu,
                 occupancy: BTreeMap::new(),
                 health_reasons: BTreeMap::new(),
+                allocated_pods: BTreeSet::new(),
                 connected: true,
                 last_seen: Instant::now(),
             };
@@ -306,6 +341,12 @@ impl AgentRegistry {
                     changed = true;
                 }
             }
+            let allocated: BTreeSet<String> =
+                occupancy.allocated_pod_uids.iter().cloned().collect();
+            if e.view.allocated_pods != allocated {
+                e.view.allocated_pods = allocated;
+                changed = true;
+            }
             changed
         });
         if changed == Some(true) {
@@ -365,6 +406,102 @@ impl AgentRegistry {
         if changed == Some(true) {
             self.bump();
         }
+    }
+
+    /// Publishes every node's pods (from a complete pod cache): each node's stream sends
+    /// its snapshot when it differs from the last one; nodes missing from `pods` get an
+    /// empty one (their pods are all gone).
+    pub fn publish_node_pods(&self, mut pods: BTreeMap<String, pb::NodePods>) {
+        {
+            let mut announced = self.inner.announced.lock();
+            for (node, by_uid) in announced.iter_mut() {
+                let snapshot = pods.entry(node.clone()).or_default();
+                by_uid.retain(|uid, (pod, at)| {
+                    if snapshot.pods.iter().any(|p| p.uid == *uid) || at.elapsed() > ANNOUNCED_FOR {
+                        return false;
+                    }
+                    snapshot.pods.push(pod.clone());
+                    true
+                });
+            }
+            announced.retain(|_, by_uid| !by_uid.is_empty());
+        }
+        let mut cells = self.inner.pods.lock();
+        for (node, cell) in cells.iter() {
+            let next = pods.remove(node).unwrap_or_default();
+            cell.send_if_modified(|current| {
+                if current.as_deref() == Some(&next) {
+                    return false;
+                }
+                *current = Some(Arc::new(next));
+                true
+            });
+        }
+        for (node, next) in pods {
+            let (cell, _) = watch::channel(Some(Arc::new(next)));
+            cells.insert(node, cell);
+        }
+    }
+
+    /// Adds `pod`, about to be bound to `node`, to that node's snapshot at once (and to every
+    /// later one until the cache shows it): the agent must know a pod before its kubelet can.
+    /// Nothing is sent before the first complete snapshot.
+    pub fn announce_binding(&self, node: &str, pod: pb::BoundPod) {
+        self.inner
+            .announced
+            .lock()
+            .entry(node.to_owned())
+            .or_default()
+            .insert(pod.uid.clone(), (pod.clone(), Instant::now()));
+        if let Some(cell) = self.inner.pods.lock().get(node) {
+            cell.send_if_modified(|current| {
+                let Some(snapshot) = current else {
+                    return false;
+                };
+                let mut next = (**snapshot).clone();
+                next.pods.retain(|p| p.uid != pod.uid);
+                next.pods.push(pod);
+                *current = Some(Arc::new(next));
+                true
+            });
+        }
+    }
+
+    /// Takes back an announcement whose Binding failed.
+    pub fn withdraw_binding(&self, node: &str, uid: &str) {
+        let mut announced = self.inner.announced.lock();
+        let Some(by_uid) = announced.get_mut(node) else {
+            return;
+        };
+        if by_uid.remove(uid).is_none() {
+            return;
+        }
+        drop(announced);
+        if let Some(cell) = self.inner.pods.lock().get(node) {
+            cell.send_if_modified(|current| {
+                let Some(snapshot) = current else {
+                    return false;
+                };
+                let mut next = (**snapshot).clone();
+                let before = next.pods.len();
+                next.pods.retain(|p| p.uid != uid);
+                let changed = next.pods.len() != before;
+                if changed {
+                    *current = Some(Arc::new(next));
+                }
+                changed
+            });
+        }
+    }
+
+    /// The `NodePods` of `node` as they change; `None` until first published.
+    pub fn node_pods(&self, node: &str) -> watch::Receiver<Option<Arc<pb::NodePods>>> {
+        self.inner
+            .pods
+            .lock()
+            .entry(node.to_owned())
+            .or_insert_with(|| watch::channel(None).0)
+            .subscribe()
     }
 
     /// Asks `node`'s agent to send its inventory and occupancy again. False when the

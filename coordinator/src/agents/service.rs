@@ -2,6 +2,7 @@
 //! protocol revision, Welcome or Reject, then feed the registry until the stream ends.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
@@ -33,6 +34,8 @@ pub struct ServiceOptions {
     /// agent that reached a standby through the Service is told to try again; its
     /// reconnect backoff then lands it on the leader.
     pub leadership: Option<watch::Receiver<bool>>,
+    /// Serve TLS with this certificate (re-read as it rotates); `None` serves plaintext.
+    pub tls: Option<crate::tls::ReloadingCert>,
 }
 
 impl Default for ServiceOptions {
@@ -41,6 +44,7 @@ impl Default for ServiceOptions {
             coordinator_id: "tessera-coordinator".to_owned(),
             heartbeat_interval: Duration::from_secs(10),
             leadership: None,
+            tls: None,
         }
     }
 }
@@ -222,11 +226,13 @@ impl Stream_ {
             heartbeat_interval_ms: u32::try_from(hb.as_millis()).unwrap_or(u32::MAX),
             coordinator_id: self.server.options.coordinator_id.clone(),
         };
+        // Revision 2 agents take their pods from this stream instead of the API.
+        let pods = (accepted >= 2).then(|| self.server.registry.node_pods(&session.node));
         let end = if self
             .send(pb::coordinator_message::Body::Welcome(welcome))
             .await
         {
-            self.serve(&session, &mut side_rx).await
+            self.serve(&session, &mut side_rx, pods).await
         } else {
             End::Gone
         };
@@ -259,7 +265,18 @@ impl Stream_ {
         &mut self,
         session: &Session,
         side: &mut mpsc::Receiver<pb::CoordinatorMessage>,
+        mut pods: Option<watch::Receiver<Option<Arc<pb::NodePods>>>>,
     ) -> End {
+        if let Some(rx) = pods.as_mut() {
+            let first = rx.borrow_and_update().clone();
+            if let Some(snapshot) = first
+                && !self
+                    .send(pb::coordinator_message::Body::NodePods((*snapshot).clone()))
+                    .await
+            {
+                return End::Gone;
+            }
+        }
         let hb = self.server.options.heartbeat_interval;
         let dead_after = hb * MISSED_HEARTBEATS;
         let mut shutdown = self.server.shutdown.clone();
@@ -282,6 +299,11 @@ impl Stream_ {
                     last_heard = Instant::now();
                     if let Some(end) = self.handle(session, message).await {
                         return end;
+                    }
+                }
+                Some(snapshot) = next_pods(&mut pods) => {
+                    if !self.send(pb::coordinator_message::Body::NodePods((*snapshot).clone())).await {
+                        return End::Gone;
                     }
                 }
                 Some(message) = side.recv() => {
@@ -352,6 +374,23 @@ impl Stream_ {
             }
         }
         None
+    }
+}
+
+/// The next published `NodePods` of a revision-2 stream; never for older ones.
+async fn next_pods(
+    pods: &mut Option<watch::Receiver<Option<Arc<pb::NodePods>>>>,
+) -> Option<Arc<pb::NodePods>> {
+    let Some(rx) = pods else {
+        return std::future::pending().await;
+    };
+    loop {
+        if rx.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+        if let Some(snapshot) = rx.borrow_and_update().clone() {
+            return Some(snapshot);
+        }
     }
 }
 

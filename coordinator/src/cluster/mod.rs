@@ -12,6 +12,7 @@ pub mod cache;
 pub mod events;
 pub mod gate;
 pub mod leader;
+pub mod node_pods;
 pub mod scheduler;
 pub mod snapshot;
 pub mod status;
@@ -31,7 +32,8 @@ use crate::ops::Metrics;
 pub const ASSIGNMENT_ANNOTATION: &str = "tessera.dev/assignment";
 /// Annotation with the time the assignment was written (RFC 3339).
 pub const ASSIGNED_AT_ANNOTATION: &str = "tessera.dev/assigned-at";
-/// Annotation the agent writes once the kubelet allocated the pod's GPUs.
+/// Annotation a revision-1 agent writes once the kubelet allocated the pod's GPUs
+/// (revision-2 agents say so on their stream, `Occupancy.allocated_pod_uids`).
 pub const ALLOCATED_ANNOTATION: &str = "tessera.dev/allocated";
 /// The GPU extended resource.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
@@ -46,6 +48,16 @@ pub enum ClusterError {
         what: &'static str,
         /// The address asked for.
         addr: SocketAddr,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The agent service's certificate did not load.
+    #[error(
+        "--agent-tls-cert-file {cert}: {source} (expected a PEM certificate chain and its PEM private key)"
+    )]
+    AgentCertificate {
+        /// The certificate file.
+        cert: String,
         /// Cause.
         source: std::io::Error,
     },
@@ -65,6 +77,8 @@ pub struct CoordinatorConfig {
     pub lease: leader::LeaseConfig,
     /// Where agents connect (`0.0.0.0:7070`); `None` = no agent service.
     pub agent_listen: Option<SocketAddr>,
+    /// The agent service's certificate (TLS); `None` serves plaintext.
+    pub agent_tls: Option<crate::tls::CertFiles>,
     /// Where `/metrics`, `/healthz`, `/readyz` are served (`0.0.0.0:9090`); `None` = none.
     pub metrics_listen: Option<SocketAddr>,
     /// How agents prove who they are.
@@ -96,6 +110,7 @@ impl Default for CoordinatorConfig {
             identity: default_identity(),
             lease: leader::LeaseConfig::default(),
             agent_listen: None,
+            agent_tls: None,
             metrics_listen: None,
             authenticator: Authenticator::Disabled,
             agent_timeout: Duration::from_secs(30),
@@ -149,9 +164,27 @@ impl Coordinator {
             let registry = registry.clone();
             let auth = config.authenticator.clone();
             let stop = shutdown_rx.clone();
+            let tls = match &config.agent_tls {
+                Some(files) => {
+                    let (cert, reloading) = crate::tls::ReloadingCert::load(
+                        files,
+                        "agent service",
+                        crate::tls::RELOAD_EVERY,
+                    )
+                    .await
+                    .map_err(|source| ClusterError::AgentCertificate {
+                        cert: files.cert_file.display().to_string(),
+                        source,
+                    })?;
+                    tasks.push(reloading);
+                    Some(cert)
+                }
+                None => None,
+            };
             let options = crate::agents::ServiceOptions {
                 coordinator_id: config.identity.clone(),
                 leadership: Some(is_leader.clone()),
+                tls,
                 ..Default::default()
             };
             tasks.push(tokio::spawn(async move {
@@ -173,6 +206,11 @@ impl Coordinator {
             }));
         }
 
+        tasks.push(tokio::spawn(node_pods::publish(
+            cache.clone(),
+            registry.clone(),
+            shutdown_rx.clone(),
+        )));
         let scheduler = scheduler::Scheduler::new(
             client,
             Arc::new(config),

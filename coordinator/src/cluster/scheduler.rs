@@ -519,26 +519,46 @@ impl Scheduler {
                 order.push(unit);
             }
         }
+        let mut pending = self.unallocated(store);
         for unit in order {
             if !self.leading() {
                 return;
             }
-            self.release_unit(store, &unit, bound_now).await;
+            self.release_unit(store, &unit, &mut pending, bound_now)
+                .await;
         }
+    }
+
+    /// Per node, the bound GPU pods the kubelet has not allocated yet: computed once per
+    /// pass over the units (each release adds what it binds), not once per unit.
+    fn unallocated(&self, store: &Store) -> BTreeMap<String, Vec<Unallocated>> {
+        unallocated_gpu_pods(
+            store,
+            &self.state.decided,
+            &self.registry.allocated_by_node(),
+        )
     }
 
     /// Binds held decisions whose node is clear; fails units held too long.
     async fn release_held(&mut self, store: &Store, bound_now: &mut BTreeSet<String>) {
         let units: Vec<String> = self.state.units.keys().cloned().collect();
+        let mut pending = self.unallocated(store);
         for unit in units {
             if !self.leading() {
                 return;
             }
-            self.release_unit(store, &unit, bound_now).await;
+            self.release_unit(store, &unit, &mut pending, bound_now)
+                .await;
         }
     }
 
-    async fn release_unit(&mut self, store: &Store, unit: &str, bound_now: &mut BTreeSet<String>) {
+    async fn release_unit(
+        &mut self,
+        store: &Store,
+        unit: &str,
+        pending: &mut BTreeMap<String, Vec<Unallocated>>,
+        bound_now: &mut BTreeSet<String>,
+    ) {
         let Some(members) = self.state.units.get(unit).map(|u| u.members.clone()) else {
             return;
         };
@@ -566,7 +586,6 @@ impl Scheduler {
             self.fail_unit(unit, &why, None).await;
             return;
         }
-        let mut pending = unallocated_gpu_pods(store, &self.state.decided);
         let mut wave = Vec::new();
         for uid in &members {
             let Some(d) = self.state.decided.get(uid) else {
@@ -603,7 +622,20 @@ impl Scheduler {
         if wave.is_empty() {
             return;
         }
+        // The agents hear of the bindings before the kubelets can: an Allocate must never
+        // find its pod unknown to the agent and be mistaken for another one.
+        for t in &wave {
+            if let Some(pod) = store.pods.get(&t.uid) {
+                let assignment = t.assignment.to_json();
+                if let Some((node, bound)) = super::node_pods::as_bound(pod, &t.node, &assignment) {
+                    self.registry.announce_binding(&node, bound);
+                }
+            }
+        }
         let outcome = self.binder.bind_unit(&wave).await;
+        for t in wave.iter().filter(|t| !outcome.bound.contains(&t.uid)) {
+            self.registry.withdraw_binding(&t.node, &t.uid);
+        }
         self.after_wave(unit, &wave, &outcome, bound_now).await;
     }
 
@@ -934,15 +966,23 @@ fn gpu_sizes(pod: &KubePod) -> BTreeSet<u32> {
 type Unallocated = (String, BTreeSet<u32>, Option<Assignment>);
 
 /// Per node: the GPU pods bound there (or bound by this replica and not yet seen) that the
-/// agent has not allocated yet, with their slot count and assignment.
+/// kubelet has not allocated yet, with their slot count and assignment. Allocated means:
+/// some container started, or the node's agent lists the pod in `allocated` (revision 2),
+/// or a revision-1 agent wrote `tessera.dev/allocated` on it.
 fn unallocated_gpu_pods(
     store: &Store,
     decided: &BTreeMap<String, Decided>,
+    allocated: &BTreeMap<String, BTreeSet<String>>,
 ) -> BTreeMap<String, Vec<Unallocated>> {
     let mut out: BTreeMap<String, Vec<Unallocated>> = BTreeMap::new();
     for (uid, pod) in &store.pods {
         let Some(node) = node_of(pod) else { continue };
         if is_finished(pod) || pod.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        if super::node_pods::has_started(pod)
+            || allocated.get(node).is_some_and(|a| a.contains(uid))
+        {
             continue;
         }
         let annotations = pod.metadata.annotations.as_ref();

@@ -180,6 +180,7 @@ mod tests {
             shares_per_gpu: 10,
             occupancy,
             health_reasons: BTreeMap::new(),
+            allocated_pods: Default::default(),
             connected: true,
             last_seen: Instant::now(),
         }

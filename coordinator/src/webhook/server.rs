@@ -8,13 +8,12 @@
 //! certificate kept.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, State};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use axum_server::tls_rustls::RustlsConfig;
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
@@ -24,8 +23,8 @@ use tokio::task::JoinHandle;
 
 use super::route::{self, Routing};
 
-/// How often the certificate files are read for a rotation.
-pub const RELOAD_EVERY: Duration = Duration::from_secs(10);
+pub use crate::tls::RELOAD_EVERY;
+use crate::tls::{CertFiles, ReloadingCert};
 /// Largest AdmissionReview accepted: a pod object is at most 1.5 MiB in etcd, and the review
 /// carries it once (twice on UPDATE, which is not registered).
 const BODY_LIMIT: usize = 4 * 1024 * 1024;
@@ -81,9 +80,14 @@ pub struct WebhookHandle {
 impl WebhookHandle {
     /// Starts serving; returns once the socket is bound and the certificate loaded.
     pub async fn start(config: WebhookConfig) -> Result<WebhookHandle, WebhookError> {
-        let tls = RustlsConfig::from_pem_file(&config.cert_file, &config.key_file)
+        let files = CertFiles {
+            cert_file: config.cert_file.clone(),
+            key_file: config.key_file.clone(),
+        };
+        let (cert, reloading) = ReloadingCert::load(&files, "webhook", config.reload_every)
             .await
             .map_err(|source| certificate_error(&config, source))?;
+        let tls = cert.rustls();
         let listener =
             std::net::TcpListener::bind(config.listen).map_err(|source| WebhookError::Bind {
                 addr: config.listen,
@@ -116,7 +120,6 @@ impl WebhookHandle {
                 }
             })
         };
-        let reloading = tokio::spawn(reload_loop(config, tls));
         tracing::info!(%addr, "admission webhook listening (POST /mutate-pods)");
         Ok(WebhookHandle {
             addr,
@@ -207,36 +210,4 @@ async fn mutate_pods(
             }
         }
     }
-}
-
-/// Reads the certificate files every `reload_every` and switches to them when they changed.
-async fn reload_loop(config: WebhookConfig, tls: RustlsConfig) {
-    let mut seen = read_pair(&config.cert_file, &config.key_file);
-    let mut interval = tokio::time::interval(config.reload_every);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        interval.tick().await;
-        let now = read_pair(&config.cert_file, &config.key_file);
-        if now == seen {
-            continue;
-        }
-        let Some((cert, key)) = now.clone() else {
-            tracing::warn!(cert = %config.cert_file.display(), "the webhook certificate files are unreadable; serving the previous certificate");
-            seen = now;
-            continue;
-        };
-        match tls.reload_from_pem(cert, key).await {
-            Ok(()) => {
-                tracing::info!(cert = %config.cert_file.display(), "webhook certificate reloaded")
-            }
-            Err(error) => {
-                tracing::warn!(%error, cert = %config.cert_file.display(), "the changed webhook certificate does not load; serving the previous certificate")
-            }
-        }
-        seen = now;
-    }
-}
-
-fn read_pair(cert: &Path, key: &Path) -> Option<(Vec<u8>, Vec<u8>)> {
-    Some((std::fs::read(cert).ok()?, std::fs::read(key).ok()?))
 }

@@ -25,9 +25,9 @@ use parking_lot::Mutex;
 use serde_json::json;
 use tempfile::TempDir;
 use tessera_agent::agent::{Agent, AgentConfig};
+use tessera_agent::coordinator_pods::CoordinatorPods;
 use tessera_agent::gpu::Backend;
 use tessera_agent::gpu::sim::SimBackend;
-use tessera_agent::kube_assignments::KubeAssignments;
 use tessera_agent::node::NodeOptions;
 use tessera_agent::plugin::{ENV_COMPUTE_PERCENT, ENV_MEMORY_LIMIT, ENV_VISIBLE_DEVICES};
 use tessera_coordinator::agents::Authenticator;
@@ -271,9 +271,10 @@ impl E2e {
         // The first replica leads before any agent connects, so the Service has a target.
         e2e.wait_leader().await;
         let cluster = e2e.cluster.as_ref().expect("the cluster runs");
-        let starts = setup.nodes.iter().map(|(name, shape)| {
-            start_node(cluster, &e2e.client, e2e.dir.path(), name, shape, service)
-        });
+        let starts = setup
+            .nodes
+            .iter()
+            .map(|(name, shape)| start_node(cluster, e2e.dir.path(), name, shape, service));
         e2e.nodes = futures::future::join_all(starts).await;
         e2e.wait_nodes_ready().await;
         e2e
@@ -574,7 +575,6 @@ impl E2e {
     /// Stops the agent of `node` (its plugin socket goes away, its checkpoint stays) and
     /// starts a new one on the same directories, as a DaemonSet pod restart does.
     pub async fn restart_agent(&mut self, node: &str) {
-        let client = self.client.clone();
         let service = self.service;
         let slot = self.slot_mut(node);
         if let Some(agent) = slot.agent.take() {
@@ -583,7 +583,7 @@ impl E2e {
                 .await
                 .unwrap_or_else(|e| panic!("stopping the agent of {node}: {e}"));
         }
-        slot.agent = Some(start_agent(&client, slot, service).await);
+        slot.agent = Some(start_agent(slot, service).await);
     }
 
     /// Stops the agent of `node`: its plugin socket and its stream to the coordinator go away,
@@ -600,11 +600,10 @@ impl E2e {
 
     /// Starts the agent of `node` again on the same directories (checkpoint, sockets).
     pub async fn start_agent(&mut self, node: &str) {
-        let client = self.client.clone();
         let service = self.service;
         let slot = self.slot_mut(node);
         assert!(slot.agent.is_none(), "the agent of {node} is running");
-        slot.agent = Some(start_agent(&client, slot, service).await);
+        slot.agent = Some(start_agent(slot, service).await);
     }
 
     /// Restarts the kubelet of `node`: the process stops (the device manager removes its
@@ -900,7 +899,6 @@ async fn agent_service(
 
 async fn start_node(
     cluster: &Cluster,
-    client: &kube::Client,
     root: &Path,
     name: &str,
     shape: &str,
@@ -925,7 +923,7 @@ async fn start_node(
         kubelet: Some(kubelet),
         agent: None,
     };
-    slot.agent = Some(start_agent(client, &slot, service).await);
+    slot.agent = Some(start_agent(&slot, service).await);
     slot
 }
 
@@ -943,14 +941,10 @@ async fn wait_default_service_account(client: &kube::Client) {
     }
 }
 
-async fn start_agent(client: &kube::Client, slot: &NodeSlot, service: SocketAddr) -> Agent {
+async fn start_agent(slot: &NodeSlot, service: SocketAddr) -> Agent {
     let kubelet = slot.kubelet.as_ref().expect("the node's kubelet runs");
-    let source = KubeAssignments::start(client.clone(), &slot.name);
-    assert!(
-        source.wait_synced(DEADLINE).await,
-        "the agent of {} did not list its pods",
-        slot.name
-    );
+    // As in the chart: the node's pods come over the coordinator stream, not from the API.
+    let source = Arc::new(CoordinatorPods::new());
     let config = AgentConfig {
         node_name: slot.name.clone(),
         backend: Backend::Sim(Arc::clone(&slot.sim)),
@@ -959,12 +953,14 @@ async fn start_agent(client: &kube::Client, slot: &NodeSlot, service: SocketAddr
         state_dir: slot.dir.join("state"),
         admin_socket: None,
         options: NodeOptions::default(),
-        source: Arc::new(source),
+        source: source.clone(),
+        node_pods: Some(source),
         reconcile_every: Duration::from_secs(1),
         reconcile_grace: Duration::from_secs(30),
         metrics_addr: None,
         coordinator: Some(format!("http://{service}")),
         coordinator_token_file: None,
+        coordinator_ca_file: None,
         proc_root: slot.dir.join("proc"),
         watchdog: None,
         events: Arc::new(tessera_agent::events::LogEvents),

@@ -773,3 +773,63 @@ async fn helm_install_creates_every_object_of_the_chart() {
         "the upgrade kept the certificate"
     );
 }
+
+/// The container args of the first container of the workload `kind`/`name`.
+fn args_of(docs: &[(String, Value)], kind: &str, name: &str) -> Vec<String> {
+    let doc = find(docs, kind, name);
+    serde_json::from_value(doc["spec"]["template"]["spec"]["containers"][0]["args"].clone())
+        .expect("args")
+}
+
+/// The agents' stream is TLS whenever the coordinator has a certificate: both sides name the
+/// same Secret's files, and the agent gets only the CA of it, never the key. Without the
+/// webhook (the plain manifests) both fall back to plaintext together.
+#[test]
+fn agents_and_coordinator_agree_on_the_streams_tls() {
+    let docs = render(&[]);
+    let coordinator = args_of(&docs, "Deployment", "tessera-coordinator");
+    let agent = args_of(&docs, "DaemonSet", "tessera-agent");
+    assert!(
+        coordinator.contains(&"--agent-tls-cert-file=/etc/tessera/webhook/tls.crt".to_owned()),
+        "{coordinator:?}"
+    );
+    assert!(
+        agent
+            .iter()
+            .any(|a| a.starts_with("--coordinator=https://tessera-coordinator.")),
+        "{agent:?}"
+    );
+    assert!(agent.contains(&"--coordinator-ca-file=/var/run/secrets/tessera/ca.crt".to_owned()));
+    let ds = find(&docs, "DaemonSet", "tessera-agent");
+    let volumes = ds["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .expect("volumes");
+    let projected = volumes
+        .iter()
+        .find(|v| v["name"] == "coordinator-token")
+        .expect("the coordinator-token volume");
+    let secret = projected["projected"]["sources"]
+        .as_array()
+        .expect("sources")
+        .iter()
+        .find_map(|s| s.get("secret"))
+        .expect("the CA from the coordinator's Secret");
+    assert_eq!(
+        secret["items"],
+        serde_json::json!([{"key": "ca.crt", "path": "ca.crt"}])
+    );
+
+    let plain = render(&[repo().join(manifests::MANIFESTS_VALUES)]);
+    let coordinator = args_of(&plain, "Deployment", "tessera-coordinator");
+    let agent = args_of(&plain, "DaemonSet", "tessera-agent");
+    assert!(
+        !coordinator.iter().any(|a| a.starts_with("--agent-tls")),
+        "{coordinator:?}"
+    );
+    assert!(
+        agent
+            .iter()
+            .any(|a| a.starts_with("--coordinator=tessera-coordinator.")),
+        "{agent:?}"
+    );
+}

@@ -8,7 +8,7 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use common::{Harness, NodeSpec, Options, is_allocated, node_of, repo, slices};
+use common::{Harness, NodeSpec, Options, is_running, node_of, repo, slices};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use serde_json::Value;
@@ -44,7 +44,7 @@ async fn wait_placed(h: &Harness, what: &str, selector: &str, count: usize) -> V
         let placed: Vec<Pod> = list
             .items
             .into_iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none() && is_allocated(p))
+            .filter(|p| p.metadata.deletion_timestamp.is_none() && is_running(p))
             .collect();
         (placed.len() == count).then_some(placed)
     })
@@ -96,7 +96,7 @@ async fn examples_are_placed_as_described() {
     apply_example(&h, "notebook.yaml").await;
     let notebook = h
         .wait_until("the notebook to be placed", || async {
-            h.pod("notebook-alice").await.filter(is_allocated)
+            h.pod("notebook-alice").await.filter(is_running)
         })
         .await;
     assert_eq!(mem_compute(&notebook), vec![(20480, 250)]);

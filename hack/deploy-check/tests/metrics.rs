@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Harness, NodeSpec, Options, gpu_pod, is_allocated};
+use common::{Harness, NodeSpec, Options, gpu_pod, is_running};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::json;
@@ -30,7 +30,7 @@ async fn coordinator_and_agent_metrics_pass_promlint() {
     h.wait_until("both pods to be allocated", || async {
         let a = h.pod("half").await?;
         let b = h.pod("whole").await?;
-        (is_allocated(&a) && is_allocated(&b)).then_some(())
+        (is_running(&a) && is_running(&b)).then_some(())
     })
     .await;
 

@@ -97,6 +97,11 @@ impl PodMeter {
         self.attribution.usage(processes)
     }
 
+    /// The pods an Allocate can still be for (see [`AssignmentSource::pending`]).
+    pub fn pending_pods(&self) -> Vec<crate::assignments::PendingPod> {
+        self.source.pending()
+    }
+
     /// The UID of `pod`, when the assignment source knows it.
     pub fn pod_uid(&self, pod: Option<&PodRef>) -> Option<String> {
         pod.and_then(|p| self.source.pod_uid(p))

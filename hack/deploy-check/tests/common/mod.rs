@@ -56,7 +56,12 @@ pub fn chart_dir() -> PathBuf {
 
 /// `helm template` of the chart with default values (CRDs included), as JSON documents.
 pub fn default_render() -> Vec<Value> {
-    let text = chart::template(&chart_dir(), &Release::default(), &[], true)
+    render_with(&[])
+}
+
+/// The chart rendered with the values files `values` on top of its defaults.
+pub fn render_with(values: &[PathBuf]) -> Vec<Value> {
+    let text = chart::template(&chart_dir(), &Release::default(), values, true)
         .unwrap_or_else(|e| panic!("{e}"));
     chart::parse_helm_output(&text)
         .into_iter()
@@ -658,12 +663,9 @@ pub fn is_bound(pod: &Pod) -> bool {
         .is_some()
 }
 
-/// Whether the pod's agent marked it `tessera.dev/allocated`.
-pub fn is_allocated(pod: &Pod) -> bool {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key("tessera.dev/allocated"))
+/// Whether the pod runs: its kubelet admitted it, which needs its agent's Allocate.
+pub fn is_running(pod: &Pod) -> bool {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
 }
 
 /// `(uuid, memory MiB, compute milli)` of each GPU in the pod's `tessera.dev/assignment`.

@@ -3,7 +3,7 @@
 use super::Reject;
 
 /// Revision of `tessera.v1` this build speaks (sent in `Hello.protocol_version`).
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Oldest agent revision a coordinator of this build accepts: one revision back, so a
 /// rolling upgrade (coordinator first, then agents) never drops an agent.
