@@ -1,0 +1,88 @@
+//! The openb fill protocol on a larger, openb-shaped cluster: the 1,213 GPU nodes of the openb
+//! node list repeated up to `TESSERA_BENCH_NODES` (default 5,000; copies named `<node>-r<k>`),
+//! and the default trace's pods in a generated arrival order (seed 42, tuned to 130% of the
+//! cluster's GPU capacity, as the published protocol does for the original cluster). Prints,
+//! per policy, the placement loop's time (best of `TESSERA_BENCH_RUNS`, default 3) and
+//! placements per second.
+//!
+//! Run: `cargo run --release -p tessera-core --example bench_fill`. `TESSERA_BENCH_POLICIES`
+//! (comma-separated, default `tessera,fgd`) picks the policies. Skips without the openb data.
+
+use std::path::Path;
+
+use tessera_core::sim::cluster::Cluster;
+use tessera_core::sim::fill::run_fill;
+use tessera_core::sim::openb::{OpenbNode, read_nodes, read_pods};
+use tessera_core::sim::policy::Policy;
+use tessera_core::sim::trace::{TYPICAL_COVERAGE, generate, typical_mix};
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let Some(dir) =
+        tessera_core::sim::experiment::default_data_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
+    else {
+        println!("openb data not found at ../../shared/data/openb: skipping");
+        return Ok(());
+    };
+    let want = env_or("TESSERA_BENCH_NODES", 5000);
+    let runs = env_or("TESSERA_BENCH_RUNS", 3).max(1);
+    let base = read_nodes(&dir.join("openb_node_list_gpu_node.csv"))?;
+    let original = read_pods(&dir.join("openb_pod_list_default.csv"))?;
+    let nodes: Vec<OpenbNode> = (0..want)
+        .map(|i| {
+            let mut n = base[i % base.len()].clone();
+            n.name = format!("{}-r{}", n.name, i / base.len());
+            n
+        })
+        .collect();
+    let mut cluster = Cluster::from_openb(&nodes, None);
+    let arrivals = generate(&original, cluster.gpu_milli(), nodes.len(), 1.3, 42);
+    cluster.apply_permutation(&arrivals.node_perm);
+    for p in &original {
+        for m in p
+            .gpu_spec
+            .split('|')
+            .map(str::trim)
+            .filter(|m| !m.is_empty())
+        {
+            if cluster.models.get(m).is_none() {
+                cluster.models.intern(m);
+            }
+        }
+    }
+    let mix = typical_mix(&cluster, &original, TYPICAL_COVERAGE);
+    let pods: Vec<_> = arrivals.pods.iter().map(|p| cluster.pod(p)).collect();
+    println!(
+        "cluster: {} nodes, {} GPUs; {} arrivals (seed 42, 130% of GPU capacity)",
+        cluster.nodes.len(),
+        cluster.gpu_count(),
+        pods.len()
+    );
+    let policies = std::env::var("TESSERA_BENCH_POLICIES").unwrap_or_else(|_| "tessera,fgd".into());
+    for name in policies.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let Ok(policy) = name.parse::<Policy>() else {
+            println!("unknown policy {name}");
+            continue;
+        };
+        let mut best = f64::INFINITY;
+        let mut placed = 0;
+        for _ in 0..runs {
+            let out = run_fill(&cluster, &mix, &pods, policy, 42, &mut |_, _| {});
+            best = best.min(out.wall.as_secs_f64());
+            placed = out.placed;
+        }
+        println!(
+            "{name:<8} {placed} placed of {}: {:.1} ms (best of {runs}), {:.0} placements/s",
+            pods.len(),
+            best * 1000.0,
+            placed as f64 / best
+        );
+    }
+    Ok(())
+}
