@@ -3,7 +3,7 @@
 
 use crate::constraints::Prepared;
 use crate::cycle::Reason;
-use crate::placement::{GpuChoice, NodeScore, place_on_node};
+use crate::placement::{GpuChoice, NodeScore};
 
 use super::engine::{Engine, QueueKey};
 use super::statement::Placed;
@@ -387,7 +387,8 @@ impl Engine<'_> {
         let mut prepared: Option<Prepared> = None;
         let k_max = ctx.cfg.nodes_to_score.max(1);
         let v_max = ctx.cfg.max_nodes_visited.max(1);
-        let mut best: Option<((i64, NodeScore), u32, u32, GpuChoice)> = None;
+        let choices = &mut self.choices;
+        let mut best: Option<((i64, NodeScore), u32, u32)> = None;
         let mut scored = 0usize;
         let mut visited = 0usize;
         let mut consider = |n: u32| -> bool {
@@ -397,9 +398,12 @@ impl Engine<'_> {
                 return true;
             }
             visited += 1;
-            let Ok(c) = place_on_node(&st.nodes[n as usize], &d, &ctx.mix, &ctx.cfg.weights) else {
+            let node = &st.nodes[n as usize];
+            let version = st.node_version[n as usize];
+            let Ok(c) = choices.place(n, version, node, &d, &ctx.mix, &ctx.cfg.weights) else {
                 return scored < k_max && visited < v_max;
             };
+            let score = c.score;
             let pr = if needs_prepared {
                 Some(&*prepared.get_or_insert_with(|| {
                     Prepared::new(ctx.snap, p, st, &ctx.anti_pods, &ctx.spread_cache)
@@ -410,13 +414,13 @@ impl Engine<'_> {
             if pr.is_none_or(|pr| !info.dynamic || pr.misfit(n, st).is_none()) {
                 scored += 1;
                 let r = st.index.rank(n);
-                let key = (pr.map_or(0, |pr| pr.preference(n)), c.score);
+                let key = (pr.map_or(0, |pr| pr.preference(n)), score);
                 let better = match &best {
                     None => true,
-                    Some((bk, br, _, _)) => key > *bk || (key == *bk && r < *br),
+                    Some((bk, br, _)) => key > *bk || (key == *bk && r < *br),
                 };
                 if better {
-                    best = Some((key, r, n, c));
+                    best = Some((key, r, n));
                 }
             }
             scored < k_max && visited < v_max
@@ -439,7 +443,16 @@ impl Engine<'_> {
             }
             None => st.index.candidates(&d, info.min_share, consider),
         }
-        let found = best.map(|(_, _, n, c)| (n, c));
+        // The winner's choice is still cached under its unchanged state: one more lookup
+        // instead of a copy of every better choice met on the way.
+        let found = best.and_then(|(_, _, n)| {
+            let (node, version) = (&self.st.nodes[n as usize], self.st.node_version[n as usize]);
+            self.choices
+                .place(n, version, node, &d, &self.ctx.mix, &self.ctx.cfg.weights)
+                .as_ref()
+                .ok()
+                .map(|c| (n, c.clone()))
+        });
         if found.is_none() && cacheable && self.depth == 0 {
             self.failed.insert(d, ());
         }

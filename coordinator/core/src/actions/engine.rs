@@ -7,7 +7,7 @@ use crate::cycle::{
 };
 use crate::fairshare::{Share, dominant_share, fair_shares};
 use crate::model::{Assignment, ContainerAssignment, GpuSlice, Resource, Snapshot};
-use crate::placement::PodDemand;
+use crate::placement::{ChoiceCache, PodDemand};
 
 use super::context::Ctx;
 use super::jobs::{Job, build_jobs};
@@ -67,6 +67,8 @@ pub struct Engine<'a> {
     pub(crate) reclaim_gang: Vec<u32>,
     /// Disruption budgets that refused a victim set in the current victim search.
     pub(crate) budget_blocked: std::collections::BTreeSet<u32>,
+    /// `place_on_node` results by node state and demand (this cycle's mix and weights).
+    pub(crate) choices: ChoiceCache,
 }
 
 impl<'a> Engine<'a> {
@@ -122,6 +124,7 @@ impl<'a> Engine<'a> {
             rank_order,
             reclaim_gang: Vec::new(),
             budget_blocked: std::collections::BTreeSet::new(),
+            choices: ChoiceCache::new(snapshot.nodes.len()),
         }
     }
 

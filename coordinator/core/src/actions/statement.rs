@@ -65,6 +65,9 @@ pub struct State {
     pub node_evictions: Vec<u32>,
     /// Pods bound at the start of the cycle evicted so far, per disruption budget.
     pub budget_evicted: Vec<u32>,
+    /// Per node, how many times its free capacity changed: equal counts mean an unchanged
+    /// `nodes[n]` (what the placement cache keys its per-node state on).
+    pub node_version: Vec<u32>,
     log: Vec<Op>,
 }
 
@@ -117,6 +120,7 @@ impl State {
             group_placed: vec![0; ctx.groups.len()],
             node_evictions: vec![0; snap.nodes.len()],
             budget_evicted: vec![0; ctx.budgets.len()],
+            node_version: vec![0; snap.nodes.len()],
             log: Vec::new(),
         };
         for (i, p) in snap.pods.iter().enumerate() {
@@ -276,6 +280,7 @@ impl State {
             gpu_milli += u64::from(c);
         }
         node.pods += 1;
+        self.node_version[n] = self.node_version[n].wrapping_add(1);
         self.index.update(placed.node, &self.nodes[n]);
         self.node_pods[n].push(p);
         if let Some(q) = ctx.pods[p as usize]
@@ -313,6 +318,7 @@ impl State {
             gpu_milli += u64::from(c);
         }
         node.pods = node.pods.saturating_sub(1);
+        self.node_version[n] = self.node_version[n].wrapping_add(1);
         self.index.update(placed.node, &self.nodes[n]);
         if let Some(pos) = self.node_pods[n].iter().rposition(|&x| x == p) {
             self.node_pods[n].swap_remove(pos);
