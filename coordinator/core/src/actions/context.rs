@@ -2,6 +2,8 @@
 
 use std::collections::BTreeMap;
 
+use rustc_hash::FxHashMap;
+
 use crate::constraints;
 use crate::cycle::{CycleConfig, NodeReason, Reason};
 use crate::fairshare::{QueueTree, Share};
@@ -370,7 +372,7 @@ impl<'a> Ctx<'a> {
 
     fn build_groups(&mut self) {
         let snap = self.snap;
-        let mut by_key: BTreeMap<(&str, &str), u32> = BTreeMap::new();
+        let mut by_key: FxHashMap<(&str, &str), u32> = FxHashMap::default();
         for g in &snap.groups {
             let key = (g.namespace.as_str(), g.name.as_str());
             if by_key.contains_key(&key) {

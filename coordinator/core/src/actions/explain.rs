@@ -3,6 +3,7 @@
 //! CPU`). Node counts are computed once per distinct demand.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 
 use crate::constraints::Prepared;
 use crate::cycle::{NodeReason, PendingExplanation, Reason};
@@ -64,11 +65,43 @@ impl Engine<'_> {
         v
     }
 
+    /// The node-level part of the explanation for counts `counts` over `total` nodes.
+    fn node_part(counts: Vec<(NodeReason, u32)>, total: usize) -> NodePart {
+        let fit = counts
+            .iter()
+            .find(|c| c.0 == NodeReason::Fits)
+            .map_or(0, |c| c.1);
+        let mut fails = counts.iter().filter(|c| c.0 != NodeReason::Fits).peekable();
+        let any_fail = fails.peek().is_some();
+        let text = (fit == 0 || any_fail).then(|| {
+            let mut t = format!("{fit}/{total} nodes: ");
+            if !any_fail {
+                t.push_str("no nodes");
+            }
+            for (k, (r, c)) in fails.enumerate() {
+                if k > 0 {
+                    t.push_str(", ");
+                }
+                let _ = write!(t, "{c} {r}");
+            }
+            t
+        });
+        NodePart {
+            fit,
+            text,
+            reasons: counts
+                .into_iter()
+                .map(|(r, c)| (Reason::Node(r), c))
+                .collect(),
+        }
+    }
+
     /// Explanations for every pod still pending, in snapshot order.
     pub(crate) fn explain(&self) -> Vec<PendingExplanation> {
         let snap = self.ctx.snap;
         let total = snap.nodes.len();
-        let mut cache: BTreeMap<CountKey, Vec<(NodeReason, u32)>> = BTreeMap::new();
+        // Pods of one demand share the node-level text and counts: formatted once.
+        let mut cache: BTreeMap<CountKey, NodePart> = BTreeMap::new();
         let mut out = Vec::new();
         for (i, pod) in snap.pods.iter().enumerate() {
             if self.st.orig_bound[i] || self.st.placed[i].is_some() || pod.placement.is_some() {
@@ -83,51 +116,57 @@ impl Engine<'_> {
                 });
                 continue;
             }
-            let mut reasons: Vec<(Reason, u32)> = Vec::new();
-            let mut parts: Vec<String> = Vec::new();
-            if let Some(n) = &self.notes[i] {
-                parts.push(n.to_string());
-                reasons.push((n.clone(), 1));
-            }
             let own;
-            let counts = if info.dynamic {
-                own = self.node_counts(i as u32);
+            let part = if info.dynamic {
+                own = Self::node_part(self.node_counts(i as u32), total);
                 &own
             } else {
                 cache
                     .entry(info.demand)
-                    .or_insert_with(|| self.node_counts(i as u32))
+                    .or_insert_with(|| Self::node_part(self.node_counts(i as u32), total))
             };
-            let fit = counts
-                .iter()
-                .find(|c| c.0 == NodeReason::Fits)
-                .map_or(0, |c| c.1);
-            let fails: Vec<String> = counts
-                .iter()
-                .filter(|c| c.0 != NodeReason::Fits)
-                .map(|(r, c)| format!("{c} {r}"))
-                .collect();
-            if fit == 0 || !fails.is_empty() {
-                let list = if fails.is_empty() {
-                    "no nodes".to_string()
-                } else {
-                    fails.join(", ")
-                };
-                parts.push(format!("{fit}/{total} nodes: {list}"));
+            let note = self.notes[i].as_ref();
+            let not_reached = part.fit > 0 && note.is_none();
+            let mut reasons: Vec<(Reason, u32)> = Vec::with_capacity(part.reasons.len() + 1);
+            // The parts (note, node text, not reached) joined with "; ".
+            let mut message = String::new();
+            let mut parts = 0;
+            if let Some(n) = note {
+                let _ = write!(message, "{n}");
+                reasons.push((n.clone(), 1));
+                parts += 1;
             }
-            if fit > 0 && self.notes[i].is_none() {
-                parts.push(Reason::NotReached.to_string());
+            if let Some(t) = &part.text {
+                if parts > 0 {
+                    message.push_str("; ");
+                }
+                message.push_str(t);
+                parts += 1;
+            }
+            if not_reached {
+                if parts > 0 {
+                    message.push_str("; ");
+                }
+                let _ = write!(message, "{}", Reason::NotReached);
                 reasons.push((Reason::NotReached, 1));
             }
-            for (r, c) in counts.iter() {
-                reasons.push((Reason::Node(r.clone()), *c));
-            }
+            reasons.extend(part.reasons.iter().cloned());
             out.push(PendingExplanation {
                 pod: pod.uid.clone(),
-                message: parts.join("; "),
+                message,
                 reasons,
             });
         }
         out
     }
+}
+
+/// The node-level part of one demand's explanation.
+struct NodePart {
+    /// Nodes where the pod would fit alone.
+    fit: u32,
+    /// `fit/total nodes: ...`, when some node fails or none fits.
+    text: Option<String>,
+    /// The counts as reasons.
+    reasons: Vec<(Reason, u32)>,
 }

@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use rustc_hash::FxHashMap;
+
 use super::frag::{ModelSet, ShapeMix, TaskShape, sort_ranked};
 use super::gpu_fit::{GPU_MILLI, demand_on_gpu};
 use crate::model::{GpuShare, Pod, Snapshot};
@@ -10,7 +12,8 @@ use crate::model::{GpuShare, Pod, Snapshot};
 /// Dense ids of the GPU model names present in the cluster (sorted by name).
 #[derive(Clone, Debug, Default)]
 pub struct ModelIds {
-    ids: BTreeMap<String, u32>,
+    /// Hashed: looked up per pod and node, never iterated.
+    ids: FxHashMap<String, u32>,
 }
 
 impl ModelIds {
