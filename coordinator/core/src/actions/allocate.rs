@@ -308,21 +308,7 @@ impl Engine<'_> {
         let ld = &self.ctx.domains.levels[level];
         let need = self.request_floor_of(gang);
         let mut scored: Vec<(u64, usize)> = Vec::new();
-        for (d, members) in ld.members.iter().enumerate() {
-            let (mut gpu, mut cpu) = (0u64, 0u64);
-            for &n in members {
-                let node = &self.st.nodes[n as usize];
-                if !node.schedulable {
-                    continue;
-                }
-                cpu += node.cpu_free;
-                gpu += node
-                    .gpus
-                    .iter()
-                    .filter(|g| g.healthy)
-                    .map(|g| u64::from(g.compute_free))
-                    .sum::<u64>();
-            }
+        for (d, &[gpu, cpu]) in self.st.domain_free[level].iter().enumerate() {
             if mode == Mode::Allocate && (gpu < need[0] || cpu < need[1]) {
                 continue;
             }
