@@ -1,12 +1,38 @@
 //! Allocate: jobs in fair-share order onto free capacity; gangs atomically, elastic pods one by
 //! one; topology-constrained gangs inside one domain.
 
+use std::collections::BTreeSet;
+
 use crate::constraints::Prepared;
 use crate::cycle::Reason;
 use crate::placement::{GpuChoice, NodeScore};
 
 use super::engine::{Engine, QueueKey};
 use super::statement::Placed;
+
+/// A queue in allocation order: its key, then its index.
+#[derive(Clone, Copy, Debug)]
+struct Ranked(QueueKey, usize);
+
+impl PartialEq for Ranked {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o).is_eq()
+    }
+}
+
+impl Eq for Ranked {}
+
+impl PartialOrd for Ranked {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+impl Ord for Ranked {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        self.0.cmp(&o.0).then(self.1.cmp(&o.1))
+    }
+}
 
 /// Where victims may come from while placing a job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,29 +48,45 @@ pub enum Mode {
 }
 
 impl Engine<'_> {
-    /// The allocate action.
+    /// The allocate action: repeatedly the next job of the queue first in [`QueueKey`] order
+    /// (ties to the lower queue index).
+    ///
+    /// A queue's key reads only its own allocation, and placing a job of queue `q` changes
+    /// only the allocations on `q`'s path to the root, so only those queues are re-ranked after
+    /// each job; the rest keep their place in the ordered set.
     pub(crate) fn allocate(&mut self) {
         let nq = self.ctx.tree.len();
         let mut cursor = vec![0usize; nq];
-        loop {
-            let mut best: Option<(usize, QueueKey)> = None;
-            for (q, &c) in cursor.iter().enumerate() {
-                if c >= self.queue_jobs[q].len() {
-                    continue;
-                }
+        let mut keys: Vec<Option<QueueKey>> = vec![None; nq];
+        let mut ready: BTreeSet<Ranked> = BTreeSet::new();
+        for (q, key) in keys.iter_mut().enumerate() {
+            if !self.queue_jobs[q].is_empty() {
                 let k = self.queue_key(q);
-                let better = match &best {
-                    None => true,
-                    Some((_, bk)) => k.cmp(bk).is_lt(),
-                };
-                if better {
-                    best = Some((q, k));
-                }
+                *key = Some(k);
+                ready.insert(Ranked(k, q));
             }
-            let Some((q, _)) = best else { break };
+        }
+        let mut path: Vec<usize> = Vec::new();
+        while let Some(Ranked(_, q)) = ready.pop_first() {
+            keys[q] = None;
             let j = self.queue_jobs[q][cursor[q]];
             cursor[q] += 1;
             self.try_job(j as usize, Mode::Allocate);
+            path.clear();
+            path.extend(self.ctx.tree.path(q));
+            for &a in &path {
+                if let Some(old) = keys[a] {
+                    ready.remove(&Ranked(old, a));
+                    let k = self.queue_key(a);
+                    keys[a] = Some(k);
+                    ready.insert(Ranked(k, a));
+                }
+            }
+            if cursor[q] < self.queue_jobs[q].len() {
+                let k = self.queue_key(q);
+                keys[q] = Some(k);
+                ready.insert(Ranked(k, q));
+            }
         }
     }
 
