@@ -402,6 +402,7 @@ impl Engine<'_> {
     ) -> Option<(u32, GpuChoice)> {
         let info = &self.ctx.pods[p as usize];
         let d = info.demand;
+        let did = info.demand_id;
         let cacheable = self.cache_on && restrict.is_none() && exclude.is_none() && !info.dynamic;
         if cacheable && self.failed.contains_key(&d) {
             return None;
@@ -428,7 +429,7 @@ impl Engine<'_> {
             visited += 1;
             let node = &st.nodes[n as usize];
             let version = st.node_version[n as usize];
-            let Ok(c) = choices.place(n, version, node, &d, &ctx.mix, &ctx.cfg.weights) else {
+            let Ok(c) = choices.place(n, version, node, &d, did, &ctx.mix, &ctx.cfg.weights) else {
                 return scored < k_max && visited < v_max;
             };
             let score = c.score;
@@ -476,7 +477,15 @@ impl Engine<'_> {
         let found = best.and_then(|(_, _, n)| {
             let (node, version) = (&self.st.nodes[n as usize], self.st.node_version[n as usize]);
             self.choices
-                .place(n, version, node, &d, &self.ctx.mix, &self.ctx.cfg.weights)
+                .place(
+                    n,
+                    version,
+                    node,
+                    &d,
+                    did,
+                    &self.ctx.mix,
+                    &self.ctx.cfg.weights,
+                )
                 .as_ref()
                 .ok()
                 .map(|c| (n, c.clone()))

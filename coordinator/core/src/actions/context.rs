@@ -39,6 +39,8 @@ pub struct PodInfo {
     pub dynamic: bool,
     /// It ranks nodes by preference (preferred affinities, soft spread, soft taints).
     pub prefers: bool,
+    /// Dense id of `demand`: pods with equal demands share it (the placement cache's key).
+    pub demand_id: u32,
 }
 
 /// A pod group (explicit or implied by pods' `tessera.dev/pod-group` + `min-member`).
@@ -231,6 +233,11 @@ impl<'a> Ctx<'a> {
                 ctx.pod_info(i as u32, p, class)
             })
             .collect();
+        let mut demand_ids: FxHashMap<PodDemand, u32> = FxHashMap::default();
+        for info in &mut ctx.pods {
+            let next = demand_ids.len() as u32;
+            info.demand_id = *demand_ids.entry(info.demand).or_insert(next);
+        }
         ctx.build_groups();
         ctx
     }
@@ -287,6 +294,7 @@ impl<'a> Ctx<'a> {
             invalid,
             dynamic: exposed || constraints::is_dynamic(p),
             prefers: self.soft_taints || constraints::has_preferences(p),
+            demand_id: 0,
         }
     }
 

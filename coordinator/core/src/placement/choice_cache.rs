@@ -29,7 +29,8 @@ pub struct ChoiceCache {
     classes: FxHashMap<NodeCapacity, u32>,
     /// Per node: (state version the class was computed at, class).
     node_class: Vec<(u32, u32)>,
-    choices: FxHashMap<(u32, PodDemand), Result<GpuChoice, Misfit>>,
+    /// Keyed by `class << 32 | demand id`.
+    choices: FxHashMap<u64, Result<GpuChoice, Misfit>>,
 }
 
 impl ChoiceCache {
@@ -64,14 +65,17 @@ impl ChoiceCache {
     }
 
     /// `place_on_node(node, d, mix, w)` for node `n`, whose state has changed `version`
-    /// times (the caller's count; a different number means a different state). `mix` and
-    /// `w` must be the same on every call.
+    /// times (the caller's count; a different number means a different state). `demand` is
+    /// the caller's dense id of `d` (equal ids for equal demands, so the key hashes one
+    /// integer); `mix` and `w` must be the same on every call.
+    #[allow(clippy::too_many_arguments)]
     pub fn place(
         &mut self,
         n: u32,
         version: u32,
         node: &NodeCapacity,
         d: &PodDemand,
+        demand: u32,
         mix: &ShapeMix,
         w: &ScoreWeights,
     ) -> &Result<GpuChoice, Misfit> {
@@ -80,7 +84,7 @@ impl ChoiceCache {
             self.choices.clear();
         }
         self.choices
-            .entry((class, *d))
+            .entry(u64::from(class) << 32 | u64::from(demand))
             .or_insert_with(|| place_on_node(node, d, mix, w))
     }
 }
@@ -130,20 +134,20 @@ mod tests {
         let a = node(&[1000, 500]);
         let b = node(&[200, 100]);
         assert_eq!(
-            c.place(0, 0, &a, &d, &mix, &w),
+            c.place(0, 0, &a, &d, 0, &mix, &w),
             &place_on_node(&a, &d, &mix, &w)
         );
         // Node 1 in the same state shares node 0's entry.
         assert_eq!(
-            c.place(1, 0, &a, &d, &mix, &w),
+            c.place(1, 0, &a, &d, 0, &mix, &w),
             &place_on_node(&a, &d, &mix, &w)
         );
         assert_eq!(c.classes.len(), 1);
         // Node 0 changed (new version): looked up under its new state.
         assert_eq!(
-            c.place(0, 1, &b, &d, &mix, &w),
+            c.place(0, 1, &b, &d, 0, &mix, &w),
             &place_on_node(&b, &d, &mix, &w)
         );
-        assert!(c.place(0, 1, &b, &d, &mix, &w).is_err());
+        assert!(c.place(0, 1, &b, &d, 0, &mix, &w).is_err());
     }
 }
