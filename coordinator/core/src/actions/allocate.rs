@@ -404,7 +404,7 @@ impl Engine<'_> {
         let d = info.demand;
         let did = info.demand_id;
         let cacheable = self.cache_on && restrict.is_none() && exclude.is_none() && !info.dynamic;
-        if cacheable && self.failed.contains_key(&d) {
+        if cacheable && self.failed.contains(&did) {
             return None;
         }
         let ctx = &self.ctx;
@@ -491,7 +491,7 @@ impl Engine<'_> {
                 .map(|c| (n, c.clone()))
         });
         if found.is_none() && cacheable && self.depth == 0 {
-            self.failed.insert(d, ());
+            self.failed.insert(did);
         }
         found
     }

@@ -7,6 +7,8 @@ use crate::cycle::{
 };
 use crate::fairshare::{Share, dominant_share, fair_shares};
 use crate::model::{Assignment, ContainerAssignment, GpuSlice, Resource, Snapshot};
+use rustc_hash::FxHashSet;
+
 use crate::placement::{ChoiceCache, PodDemand};
 
 use super::context::Ctx;
@@ -51,8 +53,9 @@ pub struct Engine<'a> {
     pub queue_jobs: Vec<Vec<u32>>,
     /// Job-level note per pod (why its job did not go through).
     pub notes: Vec<Option<Reason>>,
-    /// Demands that found no node while capacity only shrank (allocate phase).
-    pub(crate) failed: BTreeMap<PodDemand, ()>,
+    /// Demand ids (see `PodInfo::demand_id`) that found no node while capacity only shrank
+    /// (allocate phase).
+    pub(crate) failed: FxHashSet<u32>,
     /// Gangs (uniform demand, size) that failed the same way.
     pub(crate) failed_gangs: BTreeMap<PodDemand, usize>,
     /// Single-pod victim searches that failed since the last success.
@@ -116,7 +119,7 @@ impl<'a> Engine<'a> {
             jobs,
             queue_jobs,
             notes,
-            failed: BTreeMap::new(),
+            failed: FxHashSet::default(),
             failed_gangs: BTreeMap::new(),
             depth: 0,
             failed_searches: std::collections::BTreeSet::new(),
