@@ -3,7 +3,7 @@
 //! and the default trace's pods in a generated arrival order (seed 42, tuned to 130% of the
 //! cluster's GPU capacity, as the published protocol does for the original cluster). Prints,
 //! per policy, the placement loop's time (best of `TESSERA_BENCH_RUNS`, default 3) and
-//! placements per second.
+//! placements per second, and at the end the process's peak memory.
 //!
 //! Run: `cargo run --release -p tessera-core --example bench_fill`. `TESSERA_BENCH_POLICIES`
 //! (comma-separated, default `tessera,fgd`) picks the policies. Skips without the openb data.
@@ -15,6 +15,12 @@ use tessera_core::sim::fill::run_fill;
 use tessera_core::sim::openb::{OpenbNode, read_nodes, read_pods};
 use tessera_core::sim::policy::Policy;
 use tessera_core::sim::trace::{TYPICAL_COVERAGE, generate, typical_mix};
+
+fn vm_hwm_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
 
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -83,6 +89,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             best * 1000.0,
             placed as f64 / best
         );
+    }
+    match vm_hwm_kib() {
+        Some(k) => println!("peak RSS (VmHWM): {:.1} MiB", k as f64 / 1024.0),
+        None => println!("peak RSS: unavailable (/proc/self/status)"),
     }
     Ok(())
 }

@@ -19,13 +19,12 @@ pub struct ModelIds {
 impl ModelIds {
     /// Collects the models of every GPU in the snapshot.
     pub fn of(snapshot: &Snapshot) -> ModelIds {
-        let mut names: Vec<&str> = snapshot
+        // Deduplicated while collecting: a cluster has a handful of models over many GPUs.
+        let names: std::collections::BTreeSet<&str> = snapshot
             .nodes
             .iter()
             .flat_map(|n| n.gpus.iter().map(|g| g.model.as_str()))
             .collect();
-        names.sort_unstable();
-        names.dedup();
         ModelIds {
             ids: names
                 .iter()
