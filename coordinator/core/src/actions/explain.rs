@@ -7,7 +7,9 @@ use std::fmt::Write as _;
 
 use crate::constraints::Prepared;
 use crate::cycle::{NodeReason, PendingExplanation, Reason};
-use crate::placement::{Misfit, PodDemand, check_fit};
+use rustc_hash::FxHashMap;
+
+use crate::placement::{Misfit, NodeCapacity, PodDemand, check_fit};
 
 use super::engine::Engine;
 
@@ -28,6 +30,39 @@ fn node_reason(m: Misfit) -> NodeReason {
         Misfit::WholeGpus => NodeReason::InsufficientWholeGpus,
         Misfit::GpuShare => NodeReason::InsufficientGpuShare,
         Misfit::GpuMemory => NodeReason::InsufficientGpuMemory,
+    }
+}
+
+/// Counts by reason, most frequent first (ties by reason).
+fn sorted_counts(counts: BTreeMap<NodeReason, u32>) -> Vec<(NodeReason, u32)> {
+    let mut v: Vec<(NodeReason, u32)> = counts.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    v
+}
+
+/// The nodes grouped by identical free capacity (at the end of the cycle).
+struct NodeClasses {
+    /// Class of each node.
+    of: Vec<u32>,
+    /// A node of each class.
+    first: Vec<u32>,
+}
+
+impl NodeClasses {
+    fn of(nodes: &[NodeCapacity]) -> NodeClasses {
+        let mut ids: FxHashMap<&NodeCapacity, u32> = FxHashMap::default();
+        let mut first = Vec::new();
+        let of = nodes
+            .iter()
+            .enumerate()
+            .map(|(n, cap)| {
+                *ids.entry(cap).or_insert_with(|| {
+                    first.push(n as u32);
+                    first.len() as u32 - 1
+                })
+            })
+            .collect();
+        NodeClasses { of, first }
     }
 }
 
@@ -60,9 +95,30 @@ impl Engine<'_> {
             };
             *counts.entry(r).or_insert(0) += 1;
         }
-        let mut v: Vec<(NodeReason, u32)> = counts.into_iter().collect();
-        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        v
+        sorted_counts(counts)
+    }
+
+    /// [`Engine::node_counts`] for a pod without dynamic constraints: the capacity check runs
+    /// once per class of identical node states instead of once per node (its result depends
+    /// on the node's capacity and the demand alone); static constraints stay per node.
+    fn static_node_counts(&self, p: u32, classes: &NodeClasses) -> Vec<(NodeReason, u32)> {
+        let d = self.ctx.pods[p as usize].demand;
+        let mut counts: BTreeMap<NodeReason, u32> = BTreeMap::new();
+        let mut per_class = vec![0u32; classes.first.len()];
+        for n in 0..self.st.nodes.len() as u32 {
+            match self.ctx.static_misfit(p, n) {
+                Some(r) => *counts.entry(r).or_insert(0) += 1,
+                None => per_class[classes.of[n as usize] as usize] += 1,
+            }
+        }
+        for (c, &k) in per_class.iter().enumerate().filter(|(_, k)| **k > 0) {
+            let r = match check_fit(&self.st.nodes[classes.first[c] as usize], &d) {
+                Err(m) => node_reason(m),
+                Ok(()) => NodeReason::Fits,
+            };
+            *counts.entry(r).or_insert(0) += k;
+        }
+        sorted_counts(counts)
     }
 
     /// The node-level part of the explanation for counts `counts` over `total` nodes.
@@ -102,6 +158,7 @@ impl Engine<'_> {
         let total = snap.nodes.len();
         // Pods of one demand share the node-level text and counts: formatted once.
         let mut cache: BTreeMap<CountKey, NodePart> = BTreeMap::new();
+        let mut classes: Option<NodeClasses> = None;
         let mut out = Vec::new();
         for (i, pod) in snap.pods.iter().enumerate() {
             if self.st.orig_bound[i] || self.st.placed[i].is_some() || pod.placement.is_some() {
@@ -121,9 +178,10 @@ impl Engine<'_> {
                 own = Self::node_part(self.node_counts(i as u32), total);
                 &own
             } else {
-                cache
-                    .entry(info.demand)
-                    .or_insert_with(|| Self::node_part(self.node_counts(i as u32), total))
+                cache.entry(info.demand).or_insert_with(|| {
+                    let classes = classes.get_or_insert_with(|| NodeClasses::of(&self.st.nodes));
+                    Self::node_part(self.static_node_counts(i as u32, classes), total)
+                })
             };
             let note = self.notes[i].as_ref();
             let not_reached = part.fit > 0 && note.is_none();
