@@ -33,6 +33,9 @@ fn node_reason(m: Misfit) -> NodeReason {
     }
 }
 
+/// Room for `Reason::NotReached`'s text (only sizes a buffer; longer text still fits).
+const NOT_REACHED_LEN: usize = 48;
+
 /// Counts by reason, most frequent first (ties by reason).
 fn sorted_counts(counts: BTreeMap<NodeReason, u32>) -> Vec<(NodeReason, u32)> {
     let mut v: Vec<(NodeReason, u32)> = counts.into_iter().collect();
@@ -159,6 +162,8 @@ impl Engine<'_> {
         // Pods of one demand share the node-level text and counts: formatted once.
         let mut cache: BTreeMap<CountKey, NodePart> = BTreeMap::new();
         let mut classes: Option<NodeClasses> = None;
+        // Gang members and pods of one queue share notes: each distinct run formatted once.
+        let mut last_note: Option<(&Reason, String)> = None;
         let mut out = Vec::new();
         for (i, pod) in snap.pods.iter().enumerate() {
             if self.st.orig_bound[i] || self.st.placed[i].is_some() || pod.placement.is_some() {
@@ -187,10 +192,21 @@ impl Engine<'_> {
             let not_reached = part.fit > 0 && note.is_none();
             let mut reasons: Vec<(Reason, u32)> = Vec::with_capacity(part.reasons.len() + 1);
             // The parts (note, node text, not reached) joined with "; ".
-            let mut message = String::new();
+            if let Some(n) = note
+                && last_note.as_ref().is_none_or(|(r, _)| *r != n)
+            {
+                last_note = Some((n, n.to_string()));
+            }
+            let note_text = note.and(last_note.as_ref()).map(|(_, t)| t.as_str());
+            let mut message = String::with_capacity(
+                note_text.map_or(0, str::len)
+                    + part.text.as_ref().map_or(0, String::len)
+                    + if not_reached { NOT_REACHED_LEN } else { 0 }
+                    + 4,
+            );
             let mut parts = 0;
-            if let Some(n) = note {
-                let _ = write!(message, "{n}");
+            if let (Some(n), Some(t)) = (note, note_text) {
+                message.push_str(t);
                 reasons.push((n.clone(), 1));
                 parts += 1;
             }
