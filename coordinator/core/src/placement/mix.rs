@@ -19,12 +19,17 @@ pub struct ModelIds {
 impl ModelIds {
     /// Collects the models of every GPU in the snapshot.
     pub fn of(snapshot: &Snapshot) -> ModelIds {
-        // Deduplicated while collecting: a cluster has a handful of models over many GPUs.
-        let names: std::collections::BTreeSet<&str> = snapshot
-            .nodes
-            .iter()
-            .flat_map(|n| n.gpus.iter().map(|g| g.model.as_str()))
-            .collect();
+        // Deduplicated while collecting: a cluster has a handful of models over many GPUs,
+        // and a node's GPUs are mostly of one model, so a repeat of the last name is skipped
+        // before the set is searched.
+        let mut names: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
+        let mut last: Option<&str> = None;
+        for g in snapshot.nodes.iter().flat_map(|n| &n.gpus) {
+            if last != Some(g.model.as_str()) {
+                names.insert(g.model.as_str());
+                last = Some(g.model.as_str());
+            }
+        }
         ModelIds {
             ids: names
                 .iter()
