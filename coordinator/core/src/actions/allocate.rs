@@ -163,16 +163,16 @@ impl Engine<'_> {
         let q = self.jobs[j].queue;
         let mut gang_ok = true;
         if need > 0 {
-            let gang: Vec<u32> = pending[..need].to_vec();
-            if let Some(r) = self.over_limit(q, self.request_floor_of(&gang)) {
-                self.note_all(&gang, r);
+            let gang = &pending[..need];
+            if let Some(r) = self.over_limit(q, self.request_floor_of(gang)) {
+                self.note_all(gang, r);
                 return false;
             }
             let cp = self.st.checkpoint();
-            gang_ok = self.place_gang(j, &gang, mode);
+            gang_ok = self.place_gang(j, gang, mode);
             if gang_ok && let Some(r) = self.exceeds_limit(q) {
                 self.st.rollback(&self.ctx, cp);
-                self.note_all(&gang, r);
+                self.note_all(gang, r);
                 return false;
             }
         }
