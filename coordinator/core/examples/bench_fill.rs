@@ -3,7 +3,8 @@
 //! and the default trace's pods in a generated arrival order (seed 42, tuned to 130% of the
 //! cluster's GPU capacity, as the published protocol does for the original cluster). Prints,
 //! per policy, the placement loop's time (best of `TESSERA_BENCH_RUNS`, default 3) and
-//! placements per second, and at the end the process's peak memory.
+//! placements per second and a digest of its decisions (equal digests: the same decisions),
+//! and at the end the process's peak memory.
 //!
 //! Run: `cargo run --release -p tessera-core --example bench_fill`. `TESSERA_BENCH_POLICIES`
 //! (comma-separated, default `tessera,fgd`) picks the policies. Skips without the openb data.
@@ -20,6 +21,18 @@ fn vm_hwm_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// FNV-1a of every decision, to compare runs of different builds.
+fn digest(lines: impl Iterator<Item = String>) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for l in lines {
+        for b in l.bytes().chain(std::iter::once(b'\n')) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
 }
 
 fn env_or(name: &str, default: usize) -> usize {
@@ -78,13 +91,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         let mut best = f64::INFINITY;
         let mut placed = 0;
+        let mut decisions = 0;
         for _ in 0..runs {
             let out = run_fill(&cluster, &mix, &pods, policy, 42, &mut |_, _| {});
             best = best.min(out.wall.as_secs_f64());
             placed = out.placed;
+            decisions = digest(out.placements.iter().map(|p| match p {
+                Some(p) => format!("{} {:x}", p.node, p.gpus),
+                None => "-".into(),
+            }));
         }
         println!(
-            "{name:<8} {placed} placed of {}: {:.1} ms (best of {runs}), {:.0} placements/s",
+            "{name:<8} {placed} placed of {}: {:.1} ms (best of {runs}), {:.0} placements/s, decisions {decisions:016x}",
             pods.len(),
             best * 1000.0,
             placed as f64 / best
