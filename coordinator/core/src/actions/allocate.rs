@@ -95,15 +95,17 @@ impl Engine<'_> {
     /// running members were taken this cycle waits for the next one instead of starting with
     /// its new members alone.
     pub(crate) fn job_pending(&self, j: usize) -> Vec<u32> {
-        self.jobs[j]
-            .pods
-            .iter()
-            .copied()
-            .filter(|&p| {
-                self.st.placed[p as usize].is_none()
-                    && !(self.st.orig_bound[p as usize] && self.st.evicted[p as usize].is_some())
-            })
-            .collect()
+        let mut out = Vec::new();
+        self.job_pending_into(j, &mut out);
+        out
+    }
+
+    /// [`Engine::job_pending`] appended to `out`.
+    fn job_pending_into(&self, j: usize, out: &mut Vec<u32>) {
+        out.extend(self.jobs[j].pods.iter().copied().filter(|&p| {
+            self.st.placed[p as usize].is_none()
+                && !(self.st.orig_bound[p as usize] && self.st.evicted[p as usize].is_some())
+        }));
     }
 
     /// The missing gang members of job `j` that must go together, out of `pending`; `None`
@@ -153,11 +155,21 @@ impl Engine<'_> {
 
     /// Tries to place job `j` in `mode`; returns whether its gang part went through.
     pub(crate) fn try_job(&mut self, j: usize, mode: Mode) -> bool {
-        let pending = self.job_pending(j);
+        // One buffer for every job of the cycle (a nested call just starts a fresh one).
+        let mut pending = std::mem::take(&mut self.pending_buf);
+        pending.clear();
+        self.job_pending_into(j, &mut pending);
+        let ok = self.try_pending(j, mode, &pending);
+        self.pending_buf = pending;
+        ok
+    }
+
+    /// [`Engine::try_job`] with the job's pending pods already listed.
+    fn try_pending(&mut self, j: usize, mode: Mode, pending: &[u32]) -> bool {
         if pending.is_empty() {
             return true;
         }
-        let Some(need) = self.gang_part(j, &pending) else {
+        let Some(need) = self.gang_part(j, pending) else {
             return false;
         };
         let q = self.jobs[j].queue;

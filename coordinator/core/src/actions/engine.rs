@@ -72,6 +72,8 @@ pub struct Engine<'a> {
     pub(crate) budget_blocked: std::collections::BTreeSet<u32>,
     /// `place_on_node` results by node state and demand (this cycle's mix and weights).
     pub(crate) choices: ChoiceCache,
+    /// Reused list of a job's pending pods (see `try_job`).
+    pub(crate) pending_buf: Vec<u32>,
 }
 
 impl<'a> Engine<'a> {
@@ -128,6 +130,7 @@ impl<'a> Engine<'a> {
             reclaim_gang: Vec::new(),
             budget_blocked: std::collections::BTreeSet::new(),
             choices: ChoiceCache::new(snapshot.nodes.len()),
+            pending_buf: Vec::new(),
         }
     }
 
