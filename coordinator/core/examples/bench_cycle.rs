@@ -2,7 +2,8 @@
 //! pending pods, gangs up to 256, 100 queues in two levels). Prints, for the first cycle (empty
 //! cluster) and for a second one (the first's bindings applied, so reclaim, preemption and
 //! consolidation run against 10k+ bound pods), the time, placements per second and evictions,
-//! and finally the peak memory (VmHWM).
+//! a digest of the decisions (equal digests: the same decisions), and finally the peak memory
+//! (VmHWM).
 //!
 //! Run: `cargo run --release -p tessera-core --example bench_cycle`. Override the size
 //! with `TESSERA_BENCH_NODES` and `TESSERA_BENCH_PODS`. `TESSERA_BENCH_CONSTRAINED=1` gives the
@@ -25,6 +26,18 @@ fn vm_hwm_kib() -> Option<u64> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// FNV-1a of every decision, to compare runs of different builds.
+fn digest(lines: impl Iterator<Item = String>) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for l in lines {
+        for b in l.bytes().chain(std::iter::once(b'\n')) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
@@ -40,9 +53,16 @@ fn report(label: &str, snap: &Snapshot, d: &Decisions, secs: f64) {
         .flat_map(|b| b.assignment.slices())
         .map(|s| u64::from(s.compute_milli))
         .sum();
+    let decisions = digest(
+        d.bindings
+            .iter()
+            .map(|b| format!("{b:?}"))
+            .chain(d.evictions.iter().map(|e| format!("{e:?}")))
+            .chain(d.pending.iter().map(|p| format!("{p:?}"))),
+    );
     println!(
         "{label}: {secs:.3} s, {} pods placed ({:.0} placements/s), {} evictions, {} pending explained, \
-         newly bound GPU {:.1}% of the cluster",
+         newly bound GPU {:.1}% of the cluster, decisions {decisions:016x}",
         d.bindings.len(),
         d.bindings.len() as f64 / secs,
         d.evictions.len(),

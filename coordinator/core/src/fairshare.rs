@@ -8,6 +8,8 @@
 
 use std::collections::BTreeMap;
 
+use rustc_hash::FxHashMap;
+
 use crate::model::{Queue, QueueResource, Resource};
 
 /// Below this an amount is treated as zero (accounting is in milli-units, so this is far below
@@ -49,7 +51,8 @@ pub struct QueueTree {
     pub nodes: Vec<QueueNode>,
     /// Top-level queues, sorted by name.
     pub roots: Vec<usize>,
-    by_name: BTreeMap<String, usize>,
+    /// Hashed: looked up once per pod of every cycle, never iterated.
+    by_name: FxHashMap<String, usize>,
     /// Problems found while building (duplicate names, unknown parents, cycles); such queues
     /// are treated as top-level.
     pub problems: Vec<String>,
@@ -59,7 +62,7 @@ impl QueueTree {
     /// Builds the tree. Never fails: malformed parents become top-level queues and are listed
     /// in [`QueueTree::problems`].
     pub fn build(queues: &[Queue]) -> QueueTree {
-        let mut by_name = BTreeMap::new();
+        let mut by_name = FxHashMap::default();
         let mut problems = Vec::new();
         for (i, q) in queues.iter().enumerate() {
             if by_name.insert(q.name.clone(), i).is_some() {

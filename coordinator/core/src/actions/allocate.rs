@@ -1,12 +1,38 @@
 //! Allocate: jobs in fair-share order onto free capacity; gangs atomically, elastic pods one by
 //! one; topology-constrained gangs inside one domain.
 
+use std::collections::BTreeSet;
+
 use crate::constraints::Prepared;
 use crate::cycle::Reason;
-use crate::placement::{GpuChoice, NodeScore, place_on_node};
+use crate::placement::{GpuChoice, NodeScore};
 
 use super::engine::{Engine, QueueKey};
 use super::statement::Placed;
+
+/// A queue in allocation order: its key, then its index.
+#[derive(Clone, Copy, Debug)]
+struct Ranked(QueueKey, usize);
+
+impl PartialEq for Ranked {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o).is_eq()
+    }
+}
+
+impl Eq for Ranked {}
+
+impl PartialOrd for Ranked {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+impl Ord for Ranked {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        self.0.cmp(&o.0).then(self.1.cmp(&o.1))
+    }
+}
 
 /// Where victims may come from while placing a job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,29 +48,45 @@ pub enum Mode {
 }
 
 impl Engine<'_> {
-    /// The allocate action.
+    /// The allocate action: repeatedly the next job of the queue first in [`QueueKey`] order
+    /// (ties to the lower queue index).
+    ///
+    /// A queue's key reads only its own allocation, and placing a job of queue `q` changes
+    /// only the allocations on `q`'s path to the root, so only those queues are re-ranked after
+    /// each job; the rest keep their place in the ordered set.
     pub(crate) fn allocate(&mut self) {
         let nq = self.ctx.tree.len();
         let mut cursor = vec![0usize; nq];
-        loop {
-            let mut best: Option<(usize, QueueKey)> = None;
-            for (q, &c) in cursor.iter().enumerate() {
-                if c >= self.queue_jobs[q].len() {
-                    continue;
-                }
+        let mut keys: Vec<Option<QueueKey>> = vec![None; nq];
+        let mut ready: BTreeSet<Ranked> = BTreeSet::new();
+        for (q, key) in keys.iter_mut().enumerate() {
+            if !self.queue_jobs[q].is_empty() {
                 let k = self.queue_key(q);
-                let better = match &best {
-                    None => true,
-                    Some((_, bk)) => k.cmp(bk).is_lt(),
-                };
-                if better {
-                    best = Some((q, k));
-                }
+                *key = Some(k);
+                ready.insert(Ranked(k, q));
             }
-            let Some((q, _)) = best else { break };
+        }
+        let mut path: Vec<usize> = Vec::new();
+        while let Some(Ranked(_, q)) = ready.pop_first() {
+            keys[q] = None;
             let j = self.queue_jobs[q][cursor[q]];
             cursor[q] += 1;
             self.try_job(j as usize, Mode::Allocate);
+            path.clear();
+            path.extend(self.ctx.tree.path(q));
+            for &a in &path {
+                if let Some(old) = keys[a] {
+                    ready.remove(&Ranked(old, a));
+                    let k = self.queue_key(a);
+                    keys[a] = Some(k);
+                    ready.insert(Ranked(k, a));
+                }
+            }
+            if cursor[q] < self.queue_jobs[q].len() {
+                let k = self.queue_key(q);
+                keys[q] = Some(k);
+                ready.insert(Ranked(k, q));
+            }
         }
     }
 
@@ -53,15 +95,17 @@ impl Engine<'_> {
     /// running members were taken this cycle waits for the next one instead of starting with
     /// its new members alone.
     pub(crate) fn job_pending(&self, j: usize) -> Vec<u32> {
-        self.jobs[j]
-            .pods
-            .iter()
-            .copied()
-            .filter(|&p| {
-                self.st.placed[p as usize].is_none()
-                    && !(self.st.orig_bound[p as usize] && self.st.evicted[p as usize].is_some())
-            })
-            .collect()
+        let mut out = Vec::new();
+        self.job_pending_into(j, &mut out);
+        out
+    }
+
+    /// [`Engine::job_pending`] appended to `out`.
+    fn job_pending_into(&self, j: usize, out: &mut Vec<u32>) {
+        out.extend(self.jobs[j].pods.iter().copied().filter(|&p| {
+            self.st.placed[p as usize].is_none()
+                && !(self.st.orig_bound[p as usize] && self.st.evicted[p as usize].is_some())
+        }));
     }
 
     /// The missing gang members of job `j` that must go together, out of `pending`; `None`
@@ -111,26 +155,36 @@ impl Engine<'_> {
 
     /// Tries to place job `j` in `mode`; returns whether its gang part went through.
     pub(crate) fn try_job(&mut self, j: usize, mode: Mode) -> bool {
-        let pending = self.job_pending(j);
+        // One buffer for every job of the cycle (a nested call just starts a fresh one).
+        let mut pending = std::mem::take(&mut self.pending_buf);
+        pending.clear();
+        self.job_pending_into(j, &mut pending);
+        let ok = self.try_pending(j, mode, &pending);
+        self.pending_buf = pending;
+        ok
+    }
+
+    /// [`Engine::try_job`] with the job's pending pods already listed.
+    fn try_pending(&mut self, j: usize, mode: Mode, pending: &[u32]) -> bool {
         if pending.is_empty() {
             return true;
         }
-        let Some(need) = self.gang_part(j, &pending) else {
+        let Some(need) = self.gang_part(j, pending) else {
             return false;
         };
         let q = self.jobs[j].queue;
         let mut gang_ok = true;
         if need > 0 {
-            let gang: Vec<u32> = pending[..need].to_vec();
-            if let Some(r) = self.over_limit(q, self.request_floor_of(&gang)) {
-                self.note_all(&gang, r);
+            let gang = &pending[..need];
+            if let Some(r) = self.over_limit(q, self.request_floor_of(gang)) {
+                self.note_all(gang, r);
                 return false;
             }
             let cp = self.st.checkpoint();
-            gang_ok = self.place_gang(j, &gang, mode);
+            gang_ok = self.place_gang(j, gang, mode);
             if gang_ok && let Some(r) = self.exceeds_limit(q) {
                 self.st.rollback(&self.ctx, cp);
-                self.note_all(&gang, r);
+                self.note_all(gang, r);
                 return false;
             }
         }
@@ -308,21 +362,7 @@ impl Engine<'_> {
         let ld = &self.ctx.domains.levels[level];
         let need = self.request_floor_of(gang);
         let mut scored: Vec<(u64, usize)> = Vec::new();
-        for (d, members) in ld.members.iter().enumerate() {
-            let (mut gpu, mut cpu) = (0u64, 0u64);
-            for &n in members {
-                let node = &self.st.nodes[n as usize];
-                if !node.schedulable {
-                    continue;
-                }
-                cpu += node.cpu_free;
-                gpu += node
-                    .gpus
-                    .iter()
-                    .filter(|g| g.healthy)
-                    .map(|g| u64::from(g.compute_free))
-                    .sum::<u64>();
-            }
+        for (d, &[gpu, cpu]) in self.st.domain_free[level].iter().enumerate() {
             if mode == Mode::Allocate && (gpu < need[0] || cpu < need[1]) {
                 continue;
             }
@@ -374,8 +414,9 @@ impl Engine<'_> {
     ) -> Option<(u32, GpuChoice)> {
         let info = &self.ctx.pods[p as usize];
         let d = info.demand;
+        let did = info.demand_id;
         let cacheable = self.cache_on && restrict.is_none() && exclude.is_none() && !info.dynamic;
-        if cacheable && self.failed.contains_key(&d) {
+        if cacheable && self.failed.contains(&did) {
             return None;
         }
         let ctx = &self.ctx;
@@ -387,7 +428,8 @@ impl Engine<'_> {
         let mut prepared: Option<Prepared> = None;
         let k_max = ctx.cfg.nodes_to_score.max(1);
         let v_max = ctx.cfg.max_nodes_visited.max(1);
-        let mut best: Option<((i64, NodeScore), u32, u32, GpuChoice)> = None;
+        let choices = &mut self.choices;
+        let mut best: Option<((i64, NodeScore), u32, u32)> = None;
         let mut scored = 0usize;
         let mut visited = 0usize;
         let mut consider = |n: u32| -> bool {
@@ -397,9 +439,12 @@ impl Engine<'_> {
                 return true;
             }
             visited += 1;
-            let Ok(c) = place_on_node(&st.nodes[n as usize], &d, &ctx.mix, &ctx.cfg.weights) else {
+            let node = &st.nodes[n as usize];
+            let version = st.node_version[n as usize];
+            let Ok(c) = choices.place(n, version, node, &d, did, &ctx.mix, &ctx.cfg.weights) else {
                 return scored < k_max && visited < v_max;
             };
+            let score = c.score;
             let pr = if needs_prepared {
                 Some(&*prepared.get_or_insert_with(|| {
                     Prepared::new(ctx.snap, p, st, &ctx.anti_pods, &ctx.spread_cache)
@@ -410,13 +455,13 @@ impl Engine<'_> {
             if pr.is_none_or(|pr| !info.dynamic || pr.misfit(n, st).is_none()) {
                 scored += 1;
                 let r = st.index.rank(n);
-                let key = (pr.map_or(0, |pr| pr.preference(n)), c.score);
+                let key = (pr.map_or(0, |pr| pr.preference(n)), score);
                 let better = match &best {
                     None => true,
-                    Some((bk, br, _, _)) => key > *bk || (key == *bk && r < *br),
+                    Some((bk, br, _)) => key > *bk || (key == *bk && r < *br),
                 };
                 if better {
-                    best = Some((key, r, n, c));
+                    best = Some((key, r, n));
                 }
             }
             scored < k_max && visited < v_max
@@ -439,9 +484,26 @@ impl Engine<'_> {
             }
             None => st.index.candidates(&d, info.min_share, consider),
         }
-        let found = best.map(|(_, _, n, c)| (n, c));
+        // The winner's choice is still cached under its unchanged state: one more lookup
+        // instead of a copy of every better choice met on the way.
+        let found = best.and_then(|(_, _, n)| {
+            let (node, version) = (&self.st.nodes[n as usize], self.st.node_version[n as usize]);
+            self.choices
+                .place(
+                    n,
+                    version,
+                    node,
+                    &d,
+                    did,
+                    &self.ctx.mix,
+                    &self.ctx.cfg.weights,
+                )
+                .as_ref()
+                .ok()
+                .map(|c| (n, c.clone()))
+        });
         if found.is_none() && cacheable && self.depth == 0 {
-            self.failed.insert(d, ());
+            self.failed.insert(did);
         }
         found
     }

@@ -2,6 +2,8 @@
 
 use std::collections::BTreeMap;
 
+use rustc_hash::FxHashMap;
+
 use crate::constraints;
 use crate::cycle::{CycleConfig, NodeReason, Reason};
 use crate::fairshare::{QueueTree, Share};
@@ -37,6 +39,8 @@ pub struct PodInfo {
     pub dynamic: bool,
     /// It ranks nodes by preference (preferred affinities, soft spread, soft taints).
     pub prefers: bool,
+    /// Dense id of `demand`: pods with equal demands share it (the placement cache's key).
+    pub demand_id: u32,
 }
 
 /// A pod group (explicit or implied by pods' `tessera.dev/pod-group` + `min-member`).
@@ -229,6 +233,11 @@ impl<'a> Ctx<'a> {
                 ctx.pod_info(i as u32, p, class)
             })
             .collect();
+        let mut demand_ids: FxHashMap<PodDemand, u32> = FxHashMap::default();
+        for info in &mut ctx.pods {
+            let next = demand_ids.len() as u32;
+            info.demand_id = *demand_ids.entry(info.demand).or_insert(next);
+        }
         ctx.build_groups();
         ctx
     }
@@ -285,6 +294,7 @@ impl<'a> Ctx<'a> {
             invalid,
             dynamic: exposed || constraints::is_dynamic(p),
             prefers: self.soft_taints || constraints::has_preferences(p),
+            demand_id: 0,
         }
     }
 
@@ -370,7 +380,7 @@ impl<'a> Ctx<'a> {
 
     fn build_groups(&mut self) {
         let snap = self.snap;
-        let mut by_key: BTreeMap<(&str, &str), u32> = BTreeMap::new();
+        let mut by_key: FxHashMap<(&str, &str), u32> = FxHashMap::default();
         for g in &snap.groups {
             let key = (g.namespace.as_str(), g.name.as_str());
             if by_key.contains_key(&key) {

@@ -7,7 +7,9 @@ use crate::cycle::{
 };
 use crate::fairshare::{Share, dominant_share, fair_shares};
 use crate::model::{Assignment, ContainerAssignment, GpuSlice, Resource, Snapshot};
-use crate::placement::PodDemand;
+use rustc_hash::FxHashSet;
+
+use crate::placement::{ChoiceCache, PodDemand};
 
 use super::context::Ctx;
 use super::jobs::{Job, build_jobs};
@@ -51,8 +53,9 @@ pub struct Engine<'a> {
     pub queue_jobs: Vec<Vec<u32>>,
     /// Job-level note per pod (why its job did not go through).
     pub notes: Vec<Option<Reason>>,
-    /// Demands that found no node while capacity only shrank (allocate phase).
-    pub(crate) failed: BTreeMap<PodDemand, ()>,
+    /// Demand ids (see `PodInfo::demand_id`) that found no node while capacity only shrank
+    /// (allocate phase).
+    pub(crate) failed: FxHashSet<u32>,
     /// Gangs (uniform demand, size) that failed the same way.
     pub(crate) failed_gangs: BTreeMap<PodDemand, usize>,
     /// Single-pod victim searches that failed since the last success.
@@ -67,6 +70,10 @@ pub struct Engine<'a> {
     pub(crate) reclaim_gang: Vec<u32>,
     /// Disruption budgets that refused a victim set in the current victim search.
     pub(crate) budget_blocked: std::collections::BTreeSet<u32>,
+    /// `place_on_node` results by node state and demand (this cycle's mix and weights).
+    pub(crate) choices: ChoiceCache,
+    /// Reused list of a job's pending pods (see `try_job`).
+    pub(crate) pending_buf: Vec<u32>,
 }
 
 impl<'a> Engine<'a> {
@@ -114,7 +121,7 @@ impl<'a> Engine<'a> {
             jobs,
             queue_jobs,
             notes,
-            failed: BTreeMap::new(),
+            failed: FxHashSet::default(),
             failed_gangs: BTreeMap::new(),
             depth: 0,
             failed_searches: std::collections::BTreeSet::new(),
@@ -122,6 +129,8 @@ impl<'a> Engine<'a> {
             rank_order,
             reclaim_gang: Vec::new(),
             budget_blocked: std::collections::BTreeSet::new(),
+            choices: ChoiceCache::new(snapshot.nodes.len()),
+            pending_buf: Vec::new(),
         }
     }
 

@@ -3,10 +3,13 @@
 //! CPU`). Node counts are computed once per distinct demand.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 
 use crate::constraints::Prepared;
 use crate::cycle::{NodeReason, PendingExplanation, Reason};
-use crate::placement::{Misfit, PodDemand, check_fit};
+use rustc_hash::FxHashMap;
+
+use crate::placement::{Misfit, NodeCapacity, PodDemand, check_fit};
 
 use super::engine::Engine;
 
@@ -27,6 +30,42 @@ fn node_reason(m: Misfit) -> NodeReason {
         Misfit::WholeGpus => NodeReason::InsufficientWholeGpus,
         Misfit::GpuShare => NodeReason::InsufficientGpuShare,
         Misfit::GpuMemory => NodeReason::InsufficientGpuMemory,
+    }
+}
+
+/// Room for `Reason::NotReached`'s text (only sizes a buffer; longer text still fits).
+const NOT_REACHED_LEN: usize = 48;
+
+/// Counts by reason, most frequent first (ties by reason).
+fn sorted_counts(counts: BTreeMap<NodeReason, u32>) -> Vec<(NodeReason, u32)> {
+    let mut v: Vec<(NodeReason, u32)> = counts.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    v
+}
+
+/// The nodes grouped by identical free capacity (at the end of the cycle).
+struct NodeClasses {
+    /// Class of each node.
+    of: Vec<u32>,
+    /// A node of each class.
+    first: Vec<u32>,
+}
+
+impl NodeClasses {
+    fn of(nodes: &[NodeCapacity]) -> NodeClasses {
+        let mut ids: FxHashMap<&NodeCapacity, u32> = FxHashMap::default();
+        let mut first = Vec::new();
+        let of = nodes
+            .iter()
+            .enumerate()
+            .map(|(n, cap)| {
+                *ids.entry(cap).or_insert_with(|| {
+                    first.push(n as u32);
+                    first.len() as u32 - 1
+                })
+            })
+            .collect();
+        NodeClasses { of, first }
     }
 }
 
@@ -59,16 +98,72 @@ impl Engine<'_> {
             };
             *counts.entry(r).or_insert(0) += 1;
         }
-        let mut v: Vec<(NodeReason, u32)> = counts.into_iter().collect();
-        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
-        v
+        sorted_counts(counts)
+    }
+
+    /// [`Engine::node_counts`] for a pod without dynamic constraints: the capacity check runs
+    /// once per class of identical node states instead of once per node (its result depends
+    /// on the node's capacity and the demand alone); static constraints stay per node.
+    fn static_node_counts(&self, p: u32, classes: &NodeClasses) -> Vec<(NodeReason, u32)> {
+        let d = self.ctx.pods[p as usize].demand;
+        let mut counts: BTreeMap<NodeReason, u32> = BTreeMap::new();
+        let mut per_class = vec![0u32; classes.first.len()];
+        for n in 0..self.st.nodes.len() as u32 {
+            match self.ctx.static_misfit(p, n) {
+                Some(r) => *counts.entry(r).or_insert(0) += 1,
+                None => per_class[classes.of[n as usize] as usize] += 1,
+            }
+        }
+        for (c, &k) in per_class.iter().enumerate().filter(|(_, k)| **k > 0) {
+            let r = match check_fit(&self.st.nodes[classes.first[c] as usize], &d) {
+                Err(m) => node_reason(m),
+                Ok(()) => NodeReason::Fits,
+            };
+            *counts.entry(r).or_insert(0) += k;
+        }
+        sorted_counts(counts)
+    }
+
+    /// The node-level part of the explanation for counts `counts` over `total` nodes.
+    fn node_part(counts: Vec<(NodeReason, u32)>, total: usize) -> NodePart {
+        let fit = counts
+            .iter()
+            .find(|c| c.0 == NodeReason::Fits)
+            .map_or(0, |c| c.1);
+        let mut fails = counts.iter().filter(|c| c.0 != NodeReason::Fits).peekable();
+        let any_fail = fails.peek().is_some();
+        let text = (fit == 0 || any_fail).then(|| {
+            let mut t = format!("{fit}/{total} nodes: ");
+            if !any_fail {
+                t.push_str("no nodes");
+            }
+            for (k, (r, c)) in fails.enumerate() {
+                if k > 0 {
+                    t.push_str(", ");
+                }
+                let _ = write!(t, "{c} {r}");
+            }
+            t
+        });
+        NodePart {
+            fit,
+            text,
+            reasons: counts
+                .into_iter()
+                .map(|(r, c)| (Reason::Node(r), c))
+                .collect(),
+        }
     }
 
     /// Explanations for every pod still pending, in snapshot order.
     pub(crate) fn explain(&self) -> Vec<PendingExplanation> {
         let snap = self.ctx.snap;
         let total = snap.nodes.len();
-        let mut cache: BTreeMap<CountKey, Vec<(NodeReason, u32)>> = BTreeMap::new();
+        // Pods of one demand share the node-level text and counts: formatted once.
+        let mut cache: BTreeMap<CountKey, NodePart> = BTreeMap::new();
+        let mut classes: Option<NodeClasses> = None;
+        // Gang members and pods of one queue share notes: each distinct run formatted once.
+        let mut last_note: Option<(&Reason, String)> = None;
         let mut out = Vec::new();
         for (i, pod) in snap.pods.iter().enumerate() {
             if self.st.orig_bound[i] || self.st.placed[i].is_some() || pod.placement.is_some() {
@@ -83,51 +178,69 @@ impl Engine<'_> {
                 });
                 continue;
             }
-            let mut reasons: Vec<(Reason, u32)> = Vec::new();
-            let mut parts: Vec<String> = Vec::new();
-            if let Some(n) = &self.notes[i] {
-                parts.push(n.to_string());
-                reasons.push((n.clone(), 1));
-            }
             let own;
-            let counts = if info.dynamic {
-                own = self.node_counts(i as u32);
+            let part = if info.dynamic {
+                own = Self::node_part(self.node_counts(i as u32), total);
                 &own
             } else {
-                cache
-                    .entry(info.demand)
-                    .or_insert_with(|| self.node_counts(i as u32))
+                cache.entry(info.demand).or_insert_with(|| {
+                    let classes = classes.get_or_insert_with(|| NodeClasses::of(&self.st.nodes));
+                    Self::node_part(self.static_node_counts(i as u32, classes), total)
+                })
             };
-            let fit = counts
-                .iter()
-                .find(|c| c.0 == NodeReason::Fits)
-                .map_or(0, |c| c.1);
-            let fails: Vec<String> = counts
-                .iter()
-                .filter(|c| c.0 != NodeReason::Fits)
-                .map(|(r, c)| format!("{c} {r}"))
-                .collect();
-            if fit == 0 || !fails.is_empty() {
-                let list = if fails.is_empty() {
-                    "no nodes".to_string()
-                } else {
-                    fails.join(", ")
-                };
-                parts.push(format!("{fit}/{total} nodes: {list}"));
+            let note = self.notes[i].as_ref();
+            let not_reached = part.fit > 0 && note.is_none();
+            let mut reasons: Vec<(Reason, u32)> = Vec::with_capacity(part.reasons.len() + 1);
+            // The parts (note, node text, not reached) joined with "; ".
+            if let Some(n) = note
+                && last_note.as_ref().is_none_or(|(r, _)| *r != n)
+            {
+                last_note = Some((n, n.to_string()));
             }
-            if fit > 0 && self.notes[i].is_none() {
-                parts.push(Reason::NotReached.to_string());
+            let note_text = note.and(last_note.as_ref()).map(|(_, t)| t.as_str());
+            let mut message = String::with_capacity(
+                note_text.map_or(0, str::len)
+                    + part.text.as_ref().map_or(0, String::len)
+                    + if not_reached { NOT_REACHED_LEN } else { 0 }
+                    + 4,
+            );
+            let mut parts = 0;
+            if let (Some(n), Some(t)) = (note, note_text) {
+                message.push_str(t);
+                reasons.push((n.clone(), 1));
+                parts += 1;
+            }
+            if let Some(t) = &part.text {
+                if parts > 0 {
+                    message.push_str("; ");
+                }
+                message.push_str(t);
+                parts += 1;
+            }
+            if not_reached {
+                if parts > 0 {
+                    message.push_str("; ");
+                }
+                let _ = write!(message, "{}", Reason::NotReached);
                 reasons.push((Reason::NotReached, 1));
             }
-            for (r, c) in counts.iter() {
-                reasons.push((Reason::Node(r.clone()), *c));
-            }
+            reasons.extend(part.reasons.iter().cloned());
             out.push(PendingExplanation {
                 pod: pod.uid.clone(),
-                message: parts.join("; "),
+                message,
                 reasons,
             });
         }
         out
     }
+}
+
+/// The node-level part of one demand's explanation.
+struct NodePart {
+    /// Nodes where the pod would fit alone.
+    fit: u32,
+    /// `fit/total nodes: ...`, when some node fails or none fits.
+    text: Option<String>,
+    /// The counts as reasons.
+    reasons: Vec<(Reason, u32)>,
 }

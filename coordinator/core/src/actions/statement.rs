@@ -65,7 +65,28 @@ pub struct State {
     pub node_evictions: Vec<u32>,
     /// Pods bound at the start of the cycle evicted so far, per disruption budget.
     pub budget_evicted: Vec<u32>,
+    /// Per node, how many times its free capacity changed: equal counts mean an unchanged
+    /// `nodes[n]` (what the placement cache keys its per-node state on).
+    pub node_version: Vec<u32>,
+    /// Per topology level and domain: `[free GPU milli, free CPU milli]` summed over its
+    /// schedulable nodes (healthy GPUs only), kept in step with `nodes` so that ranking a
+    /// level's domains for a gang does not walk every node.
+    pub domain_free: Vec<Vec<[u64; 2]>>,
     log: Vec<Op>,
+}
+
+/// What one node adds to its domains' `[free GPU milli, free CPU milli]`.
+fn domain_share(node: &NodeCapacity) -> [u64; 2] {
+    if !node.schedulable {
+        return [0, 0];
+    }
+    let gpu = node
+        .gpus
+        .iter()
+        .filter(|g| g.healthy)
+        .map(|g| u64::from(g.compute_free))
+        .sum();
+    [gpu, node.cpu_free]
 }
 
 fn free_of(ctx: &Ctx, n: usize) -> NodeCapacity {
@@ -105,6 +126,22 @@ impl State {
             }
         }
         let index = CapacityIndex::new(&nodes, rank);
+        let domain_free = ctx
+            .domains
+            .levels
+            .iter()
+            .map(|ld| {
+                ld.members
+                    .iter()
+                    .map(|m| {
+                        m.iter().fold([0u64; 2], |acc, &n| {
+                            let f = domain_share(&nodes[n as usize]);
+                            [acc[0] + f[0], acc[1] + f[1]]
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
         let np = snap.pods.len();
         let mut st = State {
             node_pods: vec![Vec::new(); nodes.len()],
@@ -117,6 +154,8 @@ impl State {
             group_placed: vec![0; ctx.groups.len()],
             node_evictions: vec![0; snap.nodes.len()],
             budget_evicted: vec![0; ctx.budgets.len()],
+            node_version: vec![0; snap.nodes.len()],
+            domain_free,
             log: Vec::new(),
         };
         for (i, p) in snap.pods.iter().enumerate() {
@@ -264,6 +303,7 @@ impl State {
     fn apply_place(&mut self, ctx: &Ctx, p: u32, placed: Placed) {
         let pod = &ctx.snap.pods[p as usize];
         let n = placed.node as usize;
+        let before = domain_share(&self.nodes[n]);
         let node = &mut self.nodes[n];
         node.cpu_free = node.cpu_free.saturating_sub(pod.cpu_milli);
         node.mem_free = node.mem_free.saturating_sub(pod.memory_mib);
@@ -276,6 +316,8 @@ impl State {
             gpu_milli += u64::from(c);
         }
         node.pods += 1;
+        self.node_version[n] = self.node_version[n].wrapping_add(1);
+        self.move_domain_share(ctx, n, before);
         self.index.update(placed.node, &self.nodes[n]);
         self.node_pods[n].push(p);
         if let Some(q) = ctx.pods[p as usize]
@@ -301,6 +343,7 @@ impl State {
         let n = placed.node as usize;
         let total_cpu = ctx.snap.nodes[n].cpu_milli;
         let total_mem = ctx.snap.nodes[n].memory_mib;
+        let before = domain_share(&self.nodes[n]);
         let node = &mut self.nodes[n];
         node.cpu_free = (node.cpu_free + pod.cpu_milli).min(total_cpu);
         node.mem_free = (node.mem_free + pod.memory_mib).min(total_mem);
@@ -313,6 +356,8 @@ impl State {
             gpu_milli += u64::from(c);
         }
         node.pods = node.pods.saturating_sub(1);
+        self.node_version[n] = self.node_version[n].wrapping_add(1);
+        self.move_domain_share(ctx, n, before);
         self.index.update(placed.node, &self.nodes[n]);
         if let Some(pos) = self.node_pods[n].iter().rposition(|&x| x == p) {
             self.node_pods[n].swap_remove(pos);
@@ -332,6 +377,21 @@ impl State {
             self.group_placed[g as usize] = self.group_placed[g as usize].saturating_sub(1);
         }
         Some(placed)
+    }
+
+    /// Replaces node `n`'s old share `before` of its domains' free totals by its current one.
+    fn move_domain_share(&mut self, ctx: &Ctx, n: usize, before: [u64; 2]) {
+        let after = domain_share(&self.nodes[n]);
+        if after == before {
+            return;
+        }
+        for (ld, free) in ctx.domains.levels.iter().zip(&mut self.domain_free) {
+            if let Some(d) = ld.of_node[n] {
+                let f = &mut free[d as usize];
+                // `before` is part of the sum, so the subtraction cannot underflow.
+                *f = [f[0] - before[0] + after[0], f[1] - before[1] + after[1]];
+            }
+        }
     }
 
     /// Checks pod `p` on node `n` including its static constraints (the dynamic ones are

@@ -30,7 +30,7 @@ pub const GPU_MILLI: u32 = 1000;
 pub const GPU_MILLI_U64: u64 = 1000;
 
 /// Free capacity of one GPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GpuFree {
     /// Free compute share in milli-GPU.
     pub compute_free: u32,
@@ -81,7 +81,7 @@ impl GpuFree {
 }
 
 /// Free capacity of one node.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct NodeCapacity {
     /// Free CPU (milli-cores).
     pub cpu_free: u64,

@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use rustc_hash::FxHashMap;
+
 use super::frag::{ModelSet, ShapeMix, TaskShape, sort_ranked};
 use super::gpu_fit::{GPU_MILLI, demand_on_gpu};
 use crate::model::{GpuShare, Pod, Snapshot};
@@ -10,19 +12,24 @@ use crate::model::{GpuShare, Pod, Snapshot};
 /// Dense ids of the GPU model names present in the cluster (sorted by name).
 #[derive(Clone, Debug, Default)]
 pub struct ModelIds {
-    ids: BTreeMap<String, u32>,
+    /// Hashed: looked up per pod and node, never iterated.
+    ids: FxHashMap<String, u32>,
 }
 
 impl ModelIds {
     /// Collects the models of every GPU in the snapshot.
     pub fn of(snapshot: &Snapshot) -> ModelIds {
-        let mut names: Vec<&str> = snapshot
-            .nodes
-            .iter()
-            .flat_map(|n| n.gpus.iter().map(|g| g.model.as_str()))
-            .collect();
-        names.sort_unstable();
-        names.dedup();
+        // Deduplicated while collecting: a cluster has a handful of models over many GPUs,
+        // and a node's GPUs are mostly of one model, so a repeat of the last name is skipped
+        // before the set is searched.
+        let mut names: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
+        let mut last: Option<&str> = None;
+        for g in snapshot.nodes.iter().flat_map(|n| &n.gpus) {
+            if last != Some(g.model.as_str()) {
+                names.insert(g.model.as_str());
+                last = Some(g.model.as_str());
+            }
+        }
         ModelIds {
             ids: names
                 .iter()

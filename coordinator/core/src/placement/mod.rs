@@ -5,6 +5,7 @@
 //! offline simulator share: given a node's free capacity and a pod's demand it returns the chosen
 //! GPUs with their memory/compute slices and a score (higher is better), or why the pod does not fit.
 
+mod choice_cache;
 pub mod frag;
 mod gpu_fit;
 mod index;
@@ -12,6 +13,7 @@ mod mix;
 mod nvlink;
 mod topology;
 
+pub use choice_cache::ChoiceCache;
 pub use gpu_fit::{
     GPU_MILLI, GPU_MILLI_U64, GpuChoice, GpuFree, Misfit, NodeCapacity, NodeScore, PodDemand,
     ScoreWeights, check_fit, demand_on_gpu, place_on_node,

@@ -12,6 +12,7 @@
 pub mod cluster;
 pub mod experiment;
 pub mod fill;
+mod fill_index;
 pub mod gpushape;
 pub mod metrics;
 pub mod openb;
