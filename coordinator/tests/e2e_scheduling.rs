@@ -59,6 +59,7 @@ async fn gang_of_four_two_gpu_pods_is_bound_whole_on_nvlink_pairs() {
             "{name} got GPUs {index:?} on {node}, not an NVLink pair"
         );
     }
+    e2e.assert_no_admission_waited_out();
     // Eight whole GPUs, none given twice.
     let mut all: Vec<(String, String)> = pods
         .iter()

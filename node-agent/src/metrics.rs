@@ -26,6 +26,7 @@ type Labels = Vec<(String, String)>;
 #[derive(Debug, Clone)]
 pub struct Metrics {
     allocate_seconds: Histogram,
+    pod_wait_seconds: Histogram,
     /// What enforcement decided per pod, and its action counts (written by the
     /// watchdog, read here, by `status` and by the occupancy report).
     pub enforcement: crate::enforce::state::EnforcementBoard,
@@ -36,6 +37,8 @@ impl Default for Metrics {
         Self {
             // 10 µs .. ~80 ms.
             allocate_seconds: Histogram::new(exponential_buckets(0.000_01, 2.0, 14)),
+            // 100 µs .. ~6.6 s: the wait is bounded at 5 s.
+            pod_wait_seconds: Histogram::new(exponential_buckets(0.000_1, 2.0, 17)),
             enforcement: Default::default(),
         }
     }
@@ -45,6 +48,13 @@ impl Metrics {
     /// Records one Allocate call.
     pub fn observe_allocate(&self, took: Duration) {
         self.allocate_seconds.observe(took.as_secs_f64());
+    }
+
+    /// Records how long one GetPreferredAllocation or Allocate waited for its pod to be
+    /// known to the agent (the kubelet admits pods one at a time, so this wait holds up
+    /// every pod behind it).
+    pub fn observe_pod_wait(&self, took: Duration) {
+        self.pod_wait_seconds.observe(took.as_secs_f64());
     }
 
     /// The Prometheus text exposition for `node` right now.
@@ -123,6 +133,11 @@ impl Metrics {
             "allocate_seconds",
             "Allocate call latency",
             self.allocate_seconds.clone(),
+        );
+        registry.register(
+            "pod_wait_seconds",
+            "Time GetPreferredAllocation and Allocate waited for their pod to be known (at most 5 s)",
+            self.pod_wait_seconds.clone(),
         );
         self.register_enforcement(&mut registry);
         let mut out = String::new();

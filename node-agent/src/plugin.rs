@@ -38,8 +38,10 @@ use crate::gpu::MigInstance;
 use crate::ledger::{Allocation, Grant, Origin, PodRef, now_unix_ms};
 use crate::node::{GPU_RESOURCE, Node, mig_resource, slot_id};
 
-/// How long GetPreferredAllocation / Allocate wait for the pod watch to deliver a pod
-/// the kubelet is already asking about.
+/// How long GetPreferredAllocation / Allocate wait for the source to deliver a pod the
+/// kubelet is already asking about. The kubelet admits one pod at a time, so this bounds
+/// how long one pod can hold up the node's admissions; with the coordinator announcing each
+/// pod before its Binding is sent, the agent normally knows a pod before its kubelet does.
 const WATCH_CATCH_UP: Duration = Duration::from_secs(5);
 
 /// Environment variable listing the container's GPUs.
@@ -261,7 +263,8 @@ impl GpuPlugin {
             return;
         }
         self.settle_unconfirmed().await;
-        let deadline = Instant::now() + WATCH_CATCH_UP;
+        let began = Instant::now();
+        let deadline = began + WATCH_CATCH_UP;
         for &size in sizes {
             while self.assigned_candidates(size).is_empty()
                 && !self.unassigned_pending(size)
@@ -270,6 +273,7 @@ impl GpuPlugin {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }
+        self.node.metrics.observe_pod_wait(began.elapsed());
     }
 
     fn unassigned_pending(&self, size: usize) -> bool {

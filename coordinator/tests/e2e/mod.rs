@@ -564,6 +564,40 @@ impl E2e {
             .unwrap_or_else(|| panic!("no node {name}"))
     }
 
+    /// No agent made the kubelet wait out its bound for a pod it did not know yet: the
+    /// coordinator announces each pod on the stream before its Binding is sent, so the agent
+    /// knows it before the kubelet can ask (a wait there would hold up the node's serial
+    /// admissions for up to 5 s). Judged on the agents' own histogram: every wait is in a
+    /// bucket below the bound, whatever its length on this machine.
+    pub fn assert_no_admission_waited_out(&self) {
+        for slot in &self.nodes {
+            let Some(agent) = &slot.agent else { continue };
+            let text = agent.node().metrics.render(agent.node());
+            // Requests counted in buckets whose bound is under 5 s, and all of them.
+            let mut below = 0;
+            let mut total = 0;
+            for line in text.lines() {
+                let Some(rest) = line.strip_prefix("tessera_agent_pod_wait_seconds_bucket{le=\"")
+                else {
+                    continue;
+                };
+                let (le, count) = rest.split_once("\"} ").unwrap_or_default();
+                let count: u64 = count.trim().parse().unwrap_or(0);
+                match le.parse::<f64>() {
+                    Ok(le) if le < 5.0 => below = below.max(count),
+                    _ => total = total.max(count),
+                }
+            }
+            assert_eq!(
+                below,
+                total,
+                "the agent of {} waited out its bound for {} of {total} requests:\n{text}",
+                slot.name,
+                total - below
+            );
+        }
+    }
+
     /// The agent of `node`.
     pub fn agent(&self, node: &str) -> &Agent {
         self.slot(node)
