@@ -2,7 +2,8 @@
 //! the chart's ServiceAccount with exactly the rules `helm template` renders, go through the
 //! main paths (bind, fractions, gang with reclaim by eviction, events, pod and CRD status,
 //! the leader Lease, TokenReview of the agent's pod-bound token), the coordinator without
-//! any right to modify a pod (the assignment travels in the Binding). Then the same with one
+//! any right to modify a pod (the assignment travels in the Binding) and the agent without
+//! any rule on pods (its node's pods come over its stream). Then the same with one
 //! verb taken away from each component: the API server answers 403 and the component's
 //! work visibly does not happen.
 
@@ -320,4 +321,52 @@ fn the_agent_may_not_read_or_write_pods_unless_it_watches_them() {
         err.contains("agent.assignments") && err.contains("expected coordinator or kube"),
         "{err}"
     );
+}
+
+/// The agent's one write to the API, a pod's Event from the watchdog, as `events.rs` builds it:
+/// accepted under the chart's role, refused (403) once `create` on events is taken away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_writes_pod_events_with_its_role_and_not_without_create_on_events() {
+    use k8s_openapi::api::core::v1::Event;
+    use tessera_agent::events::{EventReason, KubeEvents, PodEvent};
+    use tessera_agent::ledger::PodRef;
+
+    for without_create in [false, true] {
+        let mut options = Options::new(vec![NodeSpec::new("gpu-0", 1)]);
+        if without_create {
+            options.edit =
+                |docs| remove_verb(docs, "ClusterRole", common::AGENT_SA, "events", "create");
+        }
+        let h = Harness::start(options).await;
+        let kubeconfig = tokio::task::block_in_place(|| {
+            h.cluster
+                .service_account_kubeconfig(NAMESPACE, common::AGENT_SA)
+        });
+        let config = kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::read_from(&kubeconfig).expect("the agent's kubeconfig"),
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .expect("the agent's client config");
+        let client = kube::Client::try_from(config).expect("the agent's client");
+        let event = PodEvent {
+            pod: PodRef::new("default", "p"),
+            pod_uid: String::new(),
+            reason: EventReason::GpuMemoryOverLimit,
+            message: "over its GPU memory limit".into(),
+        };
+        let object = KubeEvents::new(client.clone(), "gpu-0")
+            .object(&event, k8s_openapi::jiff::Timestamp::now());
+        let created = Api::<Event>::namespaced(client, "default")
+            .create(&PostParams::default(), &object)
+            .await;
+        match (without_create, created) {
+            (false, Ok(_)) => {}
+            (true, Err(kube::Error::Api(status))) if status.code == 403 => {}
+            (without_create, other) => {
+                panic!("without create on events: {without_create}; the agent's Event: {other:?}")
+            }
+        }
+        h.shutdown().await;
+    }
 }
