@@ -377,3 +377,130 @@ impl GpuPlugin {
             })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::assignments::{Assignment, ContainerAssignment, StaticAssignments};
+    use crate::gpu::sim::SimBackend;
+    use crate::ledger::Ledger;
+    use crate::node::{NodeOptions, slot_id};
+
+    /// Four L40S GPUs (no NVLink), 10 slots each, and a source the test fills.
+    fn plugin() -> (GpuPlugin, Arc<StaticAssignments>, Vec<String>) {
+        let shape = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/gpus/l40s-4x-pcie.yaml");
+        let sim = Arc::new(SimBackend::from_file(shape).expect("the shape parses"));
+        let uuids = (0..4)
+            .map(|i| sim.uuid_of(i).expect("4 GPUs").to_owned())
+            .collect();
+        let node = Arc::new(
+            Node::new(sim, Ledger::in_memory(), NodeOptions::default()).expect("the node starts"),
+        );
+        let source = Arc::new(StaticAssignments::new());
+        (GpuPlugin::new(node, source.clone()), source, uuids)
+    }
+
+    fn share(uuid: &str, milli: u32) -> Assignment {
+        Assignment {
+            containers: vec![ContainerAssignment {
+                container: "main".into(),
+                gpus: vec![GpuSlice {
+                    uuid: uuid.into(),
+                    memory_mib: 1024,
+                    compute_milli: milli,
+                }],
+            }],
+        }
+    }
+
+    fn pod_of(plan: &Plan) -> String {
+        plan.pod
+            .as_ref()
+            .map(|p| p.name.clone())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_request_goes_to_the_oldest_pending_pod_assigned_exactly_its_gpus() {
+        let (p, source, g) = plugin();
+        source.bind(
+            PodRef::new("ml", "young"),
+            2,
+            &[("main", 1)],
+            Some(share(&g[0], 250)),
+        );
+        source.bind(
+            PodRef::new("ml", "old"),
+            1,
+            &[("main", 1)],
+            Some(share(&g[0], 500)),
+        );
+        source.bind(
+            PodRef::new("ml", "other"),
+            0,
+            &[("main", 1)],
+            Some(share(&g[1], 500)),
+        );
+        let plan = p.plan(&[slot_id(&g[0], 3)], &[]).unwrap();
+        assert_eq!(pod_of(&plan), "old");
+        assert_eq!(plan.grants[0].compute_milli, 500);
+        // The same request again within one Allocate: the next pod on that GPU.
+        let second = p.plan(&[slot_id(&g[0], 4)], &[plan]).unwrap();
+        assert_eq!(pod_of(&second), "young");
+        // A request on GPU 1 is the pod assigned GPU 1, though older pods are pending.
+        assert_eq!(pod_of(&p.plan(&[slot_id(&g[1], 0)], &[]).unwrap()), "other");
+    }
+
+    #[test]
+    fn a_reserved_slot_set_goes_to_the_pod_it_was_reserved_for() {
+        let (p, source, g) = plugin();
+        source.bind(
+            PodRef::new("ml", "a"),
+            1,
+            &[("main", 1)],
+            Some(share(&g[2], 500)),
+        );
+        source.bind(
+            PodRef::new("ml", "b"),
+            2,
+            &[("main", 1)],
+            Some(share(&g[2], 250)),
+        );
+        p.reservations.lock().push(Reservation {
+            slots: BTreeSet::from([slot_id(&g[2], 7)]),
+            pod: PodRef::new("ml", "b"),
+            container: "main".into(),
+            at: Instant::now(),
+        });
+        assert_eq!(pod_of(&p.plan(&[slot_id(&g[2], 7)], &[]).unwrap()), "b");
+        assert_eq!(pod_of(&p.plan(&[slot_id(&g[2], 8)], &[]).unwrap()), "a");
+    }
+
+    #[test]
+    fn a_request_on_gpus_no_pending_pod_is_assigned_is_refused_naming_the_pending_ones() {
+        let (p, source, g) = plugin();
+        source.bind(
+            PodRef::new("ml", "a"),
+            1,
+            &[("main", 1)],
+            Some(share(&g[0], 500)),
+        );
+        let err = p.plan(&[slot_id(&g[3], 0)], &[]).err().expect("refused");
+        let text = err.to_string();
+        assert!(text.contains(&g[3]) && text.contains("ml/a/main"), "{text}");
+    }
+
+    #[test]
+    fn a_pod_without_an_assignment_gets_whole_free_gpus_and_never_a_shared_one() {
+        let (p, source, g) = plugin();
+        source.bind(PodRef::new("ml", "plain"), 1, &[("main", 1)], None);
+        let plan = p.plan(&[slot_id(&g[1], 0)], &[]).unwrap();
+        assert_eq!(
+            (pod_of(&plan), plan.origin),
+            ("plain".to_owned(), Origin::Whole)
+        );
+        assert_eq!(plan.grants[0].compute_milli, 1000);
+    }
+}
