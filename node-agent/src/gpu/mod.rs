@@ -5,6 +5,7 @@
 //! XID critical errors arrive through [`GpuBackend::wait_event`], which blocks, so the
 //! agent calls it from a dedicated blocking task.
 
+pub mod mig;
 pub mod nvml;
 pub mod sim;
 

@@ -546,7 +546,7 @@ impl GpuBackend for NvmlBackend {
         let device = self.by_uuid(uuid)?;
         let model = device.name().unwrap_or_default();
         let memory = self.parent_memory_mib(&device);
-        let known = crate::enforce::mig::profiles::table_for(&model, memory).unwrap_or_default();
+        let known = crate::gpu::mig::table_for(&model, memory).unwrap_or_default();
         let handle = unsafe_handle(&device);
         let mut out = Vec::new();
         for index in CREATABLE_PROFILES {
@@ -575,7 +575,7 @@ impl GpuBackend for NvmlBackend {
         let handle = unsafe_handle(&device);
         let model = device.name().unwrap_or_default();
         let memory = self.parent_memory_mib(&device);
-        let known = crate::enforce::mig::profiles::table_for(&model, memory).unwrap_or_default();
+        let known = crate::gpu::mig::table_for(&model, memory).unwrap_or_default();
         // MIG devices by (GPU instance, compute instance): their UUIDs and processes.
         let mut mig_devices = Vec::new();
         for mig in self.mig_handles(&device)? {

@@ -16,7 +16,7 @@ use super::{
     resource_profile,
 };
 use super::{MigInstance, MigProfile};
-use crate::enforce::mig::planner::{Span, choose_placement, fits_at};
+use crate::gpu::mig::{Span, fits_at, free_placements};
 
 /// The YAML file, in the format of `hack/gpus/README.md`. Fields the agent does not
 /// need (`description`, `cpu_milli`, `memory_mib`, MIG `compute_milli`) are accepted and
@@ -269,10 +269,9 @@ impl SimBackend {
                 unknown.push(
                     "memory: NVML query nvmlDeviceGetMemoryInfo_v2: no permission (on a GPU in MIG mode this needs monitoring privilege: NVIDIA_MIG_MONITOR_DEVICES=all and CAP_SYS_ADMIN in the agent's container)".to_owned()
                 );
-                memory_total_mib =
-                    crate::enforce::mig::profiles::table_for(&gpu.model, gpu.memory_mib)
-                        .and_then(|t| t.iter().map(|p| p.memory_mib).max())
-                        .unwrap_or(gpu.memory_mib - reserved);
+                memory_total_mib = crate::gpu::mig::table_for(&gpu.model, gpu.memory_mib)
+                    .and_then(|t| t.iter().map(|p| p.memory_mib).max())
+                    .unwrap_or(gpu.memory_mib - reserved);
                 memory_reserved_mib = 0;
             }
             devices.push(GpuDevice {
@@ -684,8 +683,7 @@ impl SimMigGpu {
     /// The shape's instances of `device`, placed as the planner would have placed them.
     fn from_device(device: &GpuDevice) -> Self {
         let table =
-            crate::enforce::mig::profiles::table_for(&device.model, device.memory_total_mib)
-                .unwrap_or_default();
+            crate::gpu::mig::table_for(&device.model, device.memory_total_mib).unwrap_or_default();
         let mut gpu = SimMigGpu {
             table,
             instances: Vec::new(),
@@ -694,9 +692,11 @@ impl SimMigGpu {
         for (k, m) in device.mig.iter().flatten().enumerate() {
             let profile = gpu.table.iter().find(|p| p.name == m.profile).cloned();
             let occupied: Vec<Span> = gpu.instances.iter().map(Span::from).collect();
+            // The shape file names no placement: the highest free one, which keeps slice 0
+            // (where the large profiles must start) free, as an operator laying out a GPU would.
             let start = profile
                 .as_ref()
-                .and_then(|p| choose_placement(&gpu.table, &occupied, p));
+                .and_then(|p| free_placements(&occupied, p).last().copied());
             // An instance the table does not know (or that does not fit) occupies no
             // slices: the shape file is the authority on what exists.
             let (id, size, compute, start) = match (&profile, start) {

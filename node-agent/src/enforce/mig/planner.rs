@@ -6,55 +6,9 @@
 //! (lexicographically, so keeping one 4g beats keeping two more 1g) wins; ties go to
 //! the higher start, which keeps slice 0 (where the big profiles must start) free longest.
 
-use crate::gpu::{MigInstance, MigProfile};
-
-use super::profiles::{COMPUTE_SLICES, MEMORY_SLICES};
-
-/// Memory and compute slices held by one instance.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Span {
-    /// First memory slice.
-    pub start: u32,
-    /// Memory slices.
-    pub size: u32,
-    /// Compute slices.
-    pub compute: u32,
-}
-
-impl From<&MigInstance> for Span {
-    fn from(i: &MigInstance) -> Self {
-        Span {
-            start: i.start,
-            size: i.size,
-            compute: i.compute_slices,
-        }
-    }
-}
-
-fn overlaps(a: Span, start: u32, size: u32) -> bool {
-    a.start < start + size && start < a.start + a.size
-}
-
-/// Whether `profile` can be created at memory slice `start` next to `occupied`.
-pub fn fits_at(occupied: &[Span], profile: &MigProfile, start: u32) -> bool {
-    let compute_used: u32 = occupied.iter().map(|s| s.compute).sum();
-    profile.placements.contains(&start)
-        && start + profile.memory_slices <= MEMORY_SLICES
-        && compute_used + profile.compute_slices <= COMPUTE_SLICES
-        && !occupied
-            .iter()
-            .any(|s| overlaps(*s, start, profile.memory_slices))
-}
-
-/// Every start at which `profile` could be created now.
-pub fn free_placements(occupied: &[Span], profile: &MigProfile) -> Vec<u32> {
-    profile
-        .placements
-        .iter()
-        .copied()
-        .filter(|&start| fits_at(occupied, profile, start))
-        .collect()
-}
+use crate::gpu::MigProfile;
+use crate::gpu::mig::{COMPUTE_SLICES, MEMORY_SLICES};
+pub use crate::gpu::mig::{Span, fits_at, free_placements};
 
 /// What `occupied` leaves for `table`: free placements per profile, largest profile first.
 fn leftovers(table: &[MigProfile], occupied: &[Span]) -> Vec<usize> {
@@ -111,8 +65,8 @@ pub fn fitting_profiles(
 
 #[cfg(test)]
 mod tests {
-    use super::super::profiles::{a100_40gb, h100_80gb};
     use super::*;
+    use crate::gpu::mig::{a100_40gb, h100_80gb};
 
     fn named<'a>(table: &'a [MigProfile], name: &str) -> &'a MigProfile {
         table.iter().find(|p| p.name == name).unwrap()

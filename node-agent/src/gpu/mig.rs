@@ -8,9 +8,11 @@
 //! single decoder set is a node-level decision), though instances of them still count
 //! as occupied slices when they exist.
 //!
-//! Pure data, no dependencies beyond the GPU layer's types: `gpu::sim` uses it.
+//! Also where an instance may sit ([`fits_at`], [`free_placements`]): hardware facts the
+//! simulated backend checks creations against, and the planner ([`crate::enforce::mig::planner`])
+//! chooses among. Pure data and geometry, no dependencies beyond the GPU layer's types.
 
-use crate::gpu::MigProfile;
+use crate::gpu::{MigInstance, MigProfile};
 
 /// Memory slices of every MIG-capable GPU in these tables.
 pub const MEMORY_SLICES: u32 = 8;
@@ -101,6 +103,52 @@ pub fn table_for(model: &str, memory_mib: u64) -> Option<Vec<MigProfile>> {
         return Some(h200_141gb());
     }
     None
+}
+
+/// Memory and compute slices held by one instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    /// First memory slice.
+    pub start: u32,
+    /// Memory slices.
+    pub size: u32,
+    /// Compute slices.
+    pub compute: u32,
+}
+
+impl From<&MigInstance> for Span {
+    fn from(i: &MigInstance) -> Self {
+        Span {
+            start: i.start,
+            size: i.size,
+            compute: i.compute_slices,
+        }
+    }
+}
+
+fn overlaps(a: Span, start: u32, size: u32) -> bool {
+    a.start < start + size && start < a.start + a.size
+}
+
+/// Whether `profile` can be created at memory slice `start` next to `occupied`.
+pub fn fits_at(occupied: &[Span], profile: &MigProfile, start: u32) -> bool {
+    let compute_used: u32 = occupied.iter().map(|s| s.compute).sum();
+    profile.placements.contains(&start)
+        && start + profile.memory_slices <= MEMORY_SLICES
+        && compute_used + profile.compute_slices <= COMPUTE_SLICES
+        && !occupied
+            .iter()
+            .any(|s| overlaps(*s, start, profile.memory_slices))
+}
+
+/// Every start at which `profile` could be created now.
+pub fn free_placements(occupied: &[Span], profile: &MigProfile) -> Vec<u32> {
+    profile
+        .placements
+        .iter()
+        .copied()
+        .filter(|&start| fits_at(occupied, profile, start))
+        .collect()
 }
 
 #[cfg(test)]
