@@ -115,9 +115,9 @@ fn parse_options() -> anyhow::Result<Options> {
             other => bail!("unknown argument {other} (try --help)"),
         }
     }
-    // kube-scheduler's pods are all whole GPUs on a pool of the same size, and its warm-up
-    // pod needs one more.
-    let capacity = o.nodes * GPUS_PER_NODE as usize - 1;
+    // kube-scheduler's pods are all whole GPUs on a pool of the same size (its warm-up pod is
+    // deleted before they are created).
+    let capacity = o.nodes * GPUS_PER_NODE as usize;
     if o.pods > capacity {
         bail!(
             "--pods {} does not fit {} nodes of {GPUS_PER_NODE} GPUs ({capacity} whole-GPU pods at most)",
