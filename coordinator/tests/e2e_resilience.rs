@@ -210,6 +210,9 @@ async fn kubelet_restart_in_the_middle_of_allocations_loses_nothing() {
             Some(out)
         })
         .await;
+    // Replacements come once the node has its GPUs again, as a controller's retries would
+    // eventually find it; created in the gap, they would fail like the gap's pods.
+    e2e.wait_kubelet_has_the_agents_devices("node-a").await;
     let mut running: Vec<Pod> = first_pods.clone();
     let mut replacements = Vec::new();
     for (pod_seen, ran) in settled {

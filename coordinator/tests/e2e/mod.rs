@@ -650,6 +650,37 @@ impl E2e {
         tokio::task::block_in_place(|| kubelet.restart());
     }
 
+    /// Waits until the kubelet of `node` has the agent's GPU slots again (its pod-resources
+    /// API lists them as allocatable): after a kubelet restart, pods it admits before then
+    /// fail with "no healthy devices present", as on a real node.
+    pub async fn wait_kubelet_has_the_agents_devices(&self, node: &str) {
+        use tessera_proto::podresources::v1 as pr;
+        let socket = self
+            .slot(node)
+            .kubelet
+            .as_ref()
+            .expect("the kubelet runs")
+            .pod_resources_socket();
+        self.wait_until("the kubelet to list the agent's GPU slots again", || {
+            let socket = socket.clone();
+            async move {
+                let channel = tessera_device_plugin::uds::connect(socket).await.ok()?;
+                let response =
+                    pr::pod_resources_lister_client::PodResourcesListerClient::new(channel)
+                        .get_allocatable_resources(pr::AllocatableResourcesRequest {})
+                        .await
+                        .ok()?
+                        .into_inner();
+                response
+                    .devices
+                    .iter()
+                    .any(|d| d.resource_name == "nvidia.com/gpu" && !d.device_ids.is_empty())
+                    .then_some(())
+            }
+        })
+        .await;
+    }
+
     /// Everything the pod watch saw, in order.
     pub fn history(&self) -> Vec<PodSeen> {
         self.history.lock().clone()
