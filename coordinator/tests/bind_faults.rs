@@ -12,10 +12,12 @@ use fault_proxy::{Fault, FaultProxy};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
+use tessera_contract::keys::{
+    ASSIGNED_AT as ASSIGNED_AT_ANNOTATION, ASSIGNMENT as ASSIGNMENT_ANNOTATION,
+};
 use tessera_coordinator::cluster::binder::{BindFailure, BindTarget, Binder, UnitOutcome};
 use tessera_coordinator::cluster::events::EventWriter;
 use tessera_coordinator::cluster::gate;
-use tessera_coordinator::cluster::{ASSIGNED_AT_ANNOTATION, ASSIGNMENT_ANNOTATION};
 use tessera_coordinator::model::{Assignment, ContainerAssignment, GpuSlice};
 use tessera_testcluster::{Cluster, ClusterOptions};
 use tokio::sync::watch;

@@ -18,11 +18,12 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
+use tessera_contract::keys::{
+    ALLOCATED as ALLOCATED_ANNOTATION, ASSIGNMENT as ASSIGNMENT_ANNOTATION,
+};
 use tessera_coordinator::agents::{AgentRegistry, registry::Session};
 use tessera_coordinator::cluster::leader::LeaseConfig;
-use tessera_coordinator::cluster::{
-    ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION, Coordinator, CoordinatorConfig, CoordinatorHandle,
-};
+use tessera_coordinator::cluster::{Coordinator, CoordinatorConfig, CoordinatorHandle};
 use tessera_coordinator::crd::{GpuQuota, Queue, QueueSpec};
 use tessera_coordinator::model::Assignment;
 use tessera_proto::tessera::v1 as pb;

@@ -7,13 +7,14 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Pod as KubePod;
 use serde_json::{Value, json};
+use tessera_contract::keys;
 use tessera_coordinator::model::{
     Assignment, GpuShare, HostPort, InclusionPolicy, InputError, Isolation, LabelSelector,
     NamespaceScope, NodeSelectorTerm, PodAffinityTerm, PreferredNodeTerm, Requirement, SelectorOp,
     SpreadConstraint, TaintEffect, Toleration, TolerationOp, WeightedPodTerm,
 };
+use tessera_coordinator::translate::GroupSource;
 use tessera_coordinator::translate::pod::{PodContext, TranslatedPod, translate};
-use tessera_coordinator::translate::{GroupSource, keys};
 
 fn ctx() -> PodContext {
     PodContext {

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use tessera_agent::enforce::isolation::Isolation;
 use tessera_agent::enforce::limits::PodLimit;
 use tessera_agent::enforce::signals::RecordedSignals;
 use tessera_agent::enforce::state::EnforcementBoard;
@@ -17,6 +16,7 @@ use tessera_agent::enforce::watchdog::{Watchdog, WatchdogConfig};
 use tessera_agent::events::RecordedEvents;
 use tessera_agent::gpu::sim::SimBackend;
 use tessera_agent::ledger::PodRef;
+use tessera_contract::Isolation;
 
 const GPUS: u32 = 8;
 const PROCESSES_PER_GPU: u32 = 50;

@@ -15,9 +15,10 @@ use crate::assignments::AssignmentSource;
 use crate::enforce::usage::{PodMeter, ProcessAttribution};
 use crate::gpu::{Backend, GpuError};
 use crate::ledger::{Ledger, LedgerError};
-use crate::node::{GPU_RESOURCE, Node, NodeOptions, mig_resource};
+use crate::node::{Node, NodeOptions, mig_resource};
 use crate::plugin::{GpuPlugin, MigPlugin};
 use crate::reconcile::reconcile_once;
+use tessera_contract::keys::GPU_RESOURCE;
 
 /// Why the agent could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -390,7 +391,7 @@ fn isolation_managers(
     Arc<crate::enforce::mps::MpsManager>,
     Option<Arc<crate::enforce::mig::MigManager>>,
 ) {
-    use crate::enforce::isolation::Isolation;
+    use tessera_contract::Isolation;
     let mps = Arc::new(crate::enforce::mps::MpsManager::new(config.mps.clone()));
     mps.adopt_running();
     for a in node.ledger.lock().allocations() {

@@ -1,8 +1,8 @@
 //! Where the coordinator's decisions come from.
 //!
 //! The coordinator writes `tessera.dev/assignment` on each pod it binds: per container,
-//! the GPU UUIDs and the memory / compute share on each (the JSON form below matches
-//! the coordinator's `model::pod::Assignment`). An [`AssignmentSource`] lists the pods
+//! the GPU UUIDs and the memory / compute share on each ([`tessera_contract::Assignment`],
+//! the one definition both sides compile). An [`AssignmentSource`] lists the pods
 //! bound to this node that have not started, so the device plugin can steer the kubelet
 //! to their slots and answer `Allocate` with exactly their share; which of their
 //! containers are already allocated is the ledger's to say, never the source's.
@@ -11,67 +11,10 @@
 //! and [`NoAssignments`] (`--no-kube`): every request then gets whole free GPUs.
 
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
+
+use tessera_contract::{Assignment, GpuSlice};
 
 use crate::ledger::PodRef;
-
-/// Annotation the coordinator writes with the [`Assignment`] JSON.
-pub const ASSIGNMENT_ANNOTATION: &str = "tessera.dev/assignment";
-
-/// One GPU (or a share of one) assigned to a container.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GpuSlice {
-    /// GPU UUID.
-    pub uuid: String,
-    /// Memory limit on it, MiB.
-    pub memory_mib: u64,
-    /// Compute share on it, milli-GPU (1000 = whole).
-    pub compute_milli: u32,
-}
-
-/// The GPUs of one container.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ContainerAssignment {
-    /// Container name.
-    pub container: String,
-    /// Its GPUs.
-    pub gpus: Vec<GpuSlice>,
-}
-
-/// The value of `tessera.dev/assignment`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Assignment {
-    /// Per container.
-    pub containers: Vec<ContainerAssignment>,
-}
-
-impl Assignment {
-    /// Parses the annotation, checking what the agent relies on.
-    pub fn from_json(text: &str) -> Result<Self, String> {
-        let a: Assignment = serde_json::from_str(text).map_err(|e| {
-            format!(
-                "{ASSIGNMENT_ANNOTATION}: {e}; expected {{\"containers\":[{{\"container\":NAME,\"gpus\":[{{\"uuid\":UUID,\"memory_mib\":N,\"compute_milli\":1..1000}}]}}]}}"
-            )
-        })?;
-        for c in &a.containers {
-            for g in &c.gpus {
-                if g.compute_milli == 0 || g.compute_milli > 1000 {
-                    return Err(format!(
-                        "{ASSIGNMENT_ANNOTATION}: container {:?} GPU {}: compute_milli {} is outside 1..=1000",
-                        c.container, g.uuid, g.compute_milli
-                    ));
-                }
-            }
-        }
-        Ok(a)
-    }
-
-    /// The annotation text.
-    pub fn to_json(&self) -> String {
-        // Serialising plain strings and integers cannot fail.
-        serde_json::to_string(self).unwrap_or_default()
-    }
-}
 
 /// A container of a pending pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,7 +64,7 @@ pub trait AssignmentSource: Send + Sync + 'static {
 
     /// How `pod`'s limits are enforced (`tessera.dev/isolation`); `None` when the
     /// source does not know, which means the default, the watchdog.
-    fn isolation(&self, pod: &PodRef) -> Option<crate::enforce::isolation::Isolation> {
+    fn isolation(&self, pod: &PodRef) -> Option<tessera_contract::Isolation> {
         let _ = pod;
         None
     }
@@ -163,7 +106,7 @@ struct StaticInner {
     assignments: Vec<(PodRef, Assignment)>,
     started: Vec<PodRef>,
     uids: Vec<(PodRef, String)>,
-    isolation: Vec<(PodRef, crate::enforce::isolation::Isolation)>,
+    isolation: Vec<(PodRef, tessera_contract::Isolation)>,
 }
 
 impl StaticAssignments {
@@ -214,7 +157,7 @@ impl StaticAssignments {
     }
 
     /// Gives `pod` the isolation mode `mode` (as its `tessera.dev/isolation` annotation would).
-    pub fn set_isolation(&self, pod: PodRef, mode: crate::enforce::isolation::Isolation) {
+    pub fn set_isolation(&self, pod: PodRef, mode: tessera_contract::Isolation) {
         let mut inner = self.inner.lock();
         inner.isolation.retain(|(p, _)| *p != pod);
         inner.isolation.push((pod, mode));
@@ -268,7 +211,7 @@ impl AssignmentSource for StaticAssignments {
             .map(|(_, u)| u.clone())
     }
 
-    fn isolation(&self, pod: &PodRef) -> Option<crate::enforce::isolation::Isolation> {
+    fn isolation(&self, pod: &PodRef) -> Option<tessera_contract::Isolation> {
         self.inner
             .lock()
             .isolation
@@ -281,31 +224,6 @@ impl AssignmentSource for StaticAssignments {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn annotation_round_trips_in_the_coordinators_form() {
-        let text = r#"{"containers":[{"container":"main","gpus":[{"uuid":"GPU-a","memory_mib":20480,"compute_milli":500}]}]}"#;
-        let a = Assignment::from_json(text).unwrap();
-        assert_eq!(a.containers[0].gpus[0].compute_milli, 500);
-        assert_eq!(a.to_json(), text);
-    }
-
-    #[test]
-    fn bad_annotation_names_field_and_form() {
-        let err = Assignment::from_json("{}x").unwrap_err();
-        assert!(
-            err.starts_with("tessera.dev/assignment: ") && err.contains("expected"),
-            "{err}"
-        );
-        let err = Assignment::from_json(
-            r#"{"containers":[{"container":"c","gpus":[{"uuid":"GPU-a","memory_mib":1,"compute_milli":1500}]}]}"#,
-        )
-        .unwrap_err();
-        assert!(
-            err.contains("compute_milli 1500 is outside 1..=1000"),
-            "{err}"
-        );
-    }
 
     #[test]
     fn static_source_lists_pods_oldest_first_until_they_start() {

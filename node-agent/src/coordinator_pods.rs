@@ -15,10 +15,11 @@ use parking_lot::RwLock;
 use tessera_proto::tessera::v1 as pb;
 use tokio::sync::watch;
 
-use crate::assignments::{Assignment, AssignmentSource, PendingPod};
-use crate::enforce::isolation::Isolation;
+use crate::assignments::{AssignmentSource, PendingPod};
 use crate::ledger::PodRef;
 use crate::pod_table::{BoundPod, PodTable, RawPod};
+use tessera_contract::Assignment;
+use tessera_contract::Isolation;
 
 /// The node's pods from the coordinator.
 pub struct CoordinatorPods {

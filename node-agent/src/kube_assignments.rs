@@ -17,10 +17,14 @@ use parking_lot::{Mutex, RwLock};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::assignments::{ASSIGNMENT_ANNOTATION, Assignment, AssignmentSource, PendingPod};
-use crate::enforce::isolation::{ISOLATION_ANNOTATION, Isolation};
+use tessera_contract::keys::{
+    ASSIGNMENT as ASSIGNMENT_ANNOTATION, ISOLATION as ISOLATION_ANNOTATION,
+};
+use tessera_contract::pod::{allocation_order, container_gpus, has_started, is_finished};
+use tessera_contract::{Assignment, Isolation};
+
+use crate::assignments::{AssignmentSource, PendingPod};
 use crate::ledger::PodRef;
-use crate::node::GPU_RESOURCE;
 use crate::pod_table::{BoundPod, PodTable, RawPod};
 
 /// Assignments from the pods bound to this node.
@@ -29,33 +33,6 @@ pub struct KubeAssignments {
     synced: watch::Receiver<bool>,
     departures: Mutex<Option<mpsc::UnboundedReceiver<PodRef>>>,
     task: JoinHandle<()>,
-}
-
-/// Whether the pod's containers are gone for good: it is finished. A pod that is only
-/// terminating (deletionTimestamp) may still run during its grace period.
-fn is_finished(pod: &Pod) -> bool {
-    matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    )
-}
-
-/// Whether some container of the pod (init containers included) has started: the
-/// kubelet allocates every container's devices at admission, before any starts.
-pub fn has_started(pod: &Pod) -> bool {
-    let Some(status) = &pod.status else {
-        return false;
-    };
-    let began = |statuses: &Option<Vec<k8s_openapi::api::core::v1::ContainerStatus>>| {
-        statuses.iter().flatten().any(|c| {
-            c.state
-                .as_ref()
-                .is_some_and(|s| s.running.is_some() || s.terminated.is_some())
-        })
-    };
-    status.phase.as_deref() == Some("Running")
-        || began(&status.init_container_statuses)
-        || began(&status.container_statuses)
 }
 
 impl Drop for KubeAssignments {
@@ -78,21 +55,12 @@ fn read_pod(pod: &Pod) -> Result<Option<BoundPod>, String> {
     // Init containers first, in order: the kubelet allocates them before the app containers
     // (and hands their devices on to the app containers), so a request is matched to the
     // first container, in that order, that has no allocation yet.
-    let init = spec.init_containers.iter().flatten();
-    for c in init.chain(spec.containers.iter()) {
-        let limit = c
-            .resources
-            .as_ref()
-            .and_then(|r| r.limits.as_ref())
-            .and_then(|l| l.get(GPU_RESOURCE));
-        let Some(limit) = limit else { continue };
-        let slots: u32 = limit.0.trim().parse().map_err(|_| {
-            format!(
-                "container {:?}: {GPU_RESOURCE} limit {:?} is not a whole number",
-                c.name, limit.0
-            )
-        })?;
-        containers.push((c.name.clone(), slots));
+    for c in allocation_order(spec) {
+        let slots =
+            container_gpus(c.container).map_err(|e| format!("{}: {e}", c.gpu_field(e.which)))?;
+        if slots > 0 {
+            containers.push((c.container.name.clone(), slots));
+        }
     }
     let annotations = meta.annotations.as_ref();
     BoundPod::read(RawPod {

@@ -7,19 +7,17 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
+use tessera_contract::keys;
 use tessera_device_plugin::{Device, DeviceList, Health};
 
 use crate::gpu::{GpuBackend, GpuCondition, GpuDevice, GpuError, XidEvent, resource_profile};
 use crate::ledger::Ledger;
 use crate::topology::Topology;
 
-/// The resource whole and shared GPUs are advertised as.
-pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
-
 /// The resource of MIG devices with `profile`, named as NVIDIA's device plugin names it
 /// (`1g.10gb+me` → `nvidia.com/mig-1g.10gb.me`).
 pub fn mig_resource(profile: &str) -> String {
-    format!("nvidia.com/mig-{}", resource_profile(profile))
+    format!("{}{}", keys::MIG_RESOURCE_PREFIX, resource_profile(profile))
 }
 
 impl NodeOptions {

@@ -7,8 +7,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::assignments::{Assignment, PendingContainer, PendingPod};
-use crate::enforce::isolation::Isolation;
+use tessera_contract::{Assignment, Isolation, keys};
+
+use crate::assignments::{PendingContainer, PendingPod};
 use crate::ledger::PodRef;
 
 /// One GPU pod bound to this node.
@@ -60,8 +61,16 @@ impl BoundPod {
         if containers.is_empty() {
             return Ok(None);
         }
-        let assignment = raw.assignment.map(Assignment::from_json).transpose()?;
-        let isolation = raw.isolation.map(Isolation::parse).transpose()?;
+        let assignment = raw
+            .assignment
+            .map(Assignment::from_json)
+            .transpose()
+            .map_err(|e| format!("{}: {e}", keys::ASSIGNMENT))?;
+        let isolation = raw
+            .isolation
+            .map(Isolation::parse)
+            .transpose()
+            .map_err(|e| format!("{}: {e}", keys::ISOLATION))?;
         let containers = containers
             .into_iter()
             .map(|(name, slots)| PendingContainer {

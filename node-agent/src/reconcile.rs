@@ -10,7 +10,8 @@ use tessera_proto::podresources::v1::pod_resources_lister_client::PodResourcesLi
 
 use crate::assignments::AssignmentSource;
 use crate::ledger::{Grant, ListedContainer, Origin, PodRef, ReconcileReport, now_unix_ms};
-use crate::node::{GPU_RESOURCE, Node};
+use crate::node::Node;
+use tessera_contract::keys::GPU_RESOURCE;
 
 /// Failures talking to the kubelet's pod-resources API.
 #[derive(Debug, thiserror::Error)]

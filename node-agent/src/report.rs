@@ -66,6 +66,12 @@ pub fn inventory(node: &Node, node_name: &str) -> pb::NodeInventory {
                         placement_start: 0,
                         placement_size: 0,
                         memory_mib: m.memory_total_mib,
+                        compute_slices: m.compute_slices,
+                        gpu_compute_slices: if m.compute_slices > 0 {
+                            crate::gpu::mig::COMPUTE_SLICES
+                        } else {
+                            0
+                        },
                     })
                     .collect(),
             })
@@ -147,7 +153,7 @@ pub fn occupancy(node: &Node, meter: &PodMeter) -> pb::Occupancy {
                     let isolation = if mig.contains(&g.uuid.as_str()) {
                         pb::Isolation::Mig
                     } else {
-                        meter.isolation(a.pod.as_ref()).to_proto()
+                        pb::Isolation::from(meter.isolation(a.pod.as_ref()))
                     };
                     // How this share is enforced, and its state.
                     let how = (enforcement, isolation);

@@ -10,9 +10,10 @@ use std::time::Duration;
 use common::{Harness, WAIT, gpu_of, refs, share};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
-use tessera_agent::assignments::{ASSIGNMENT_ANNOTATION, AssignmentSource};
+use tessera_agent::assignments::AssignmentSource;
 use tessera_agent::kube_assignments::KubeAssignments;
 use tessera_agent::ledger::PodRef;
+use tessera_contract::keys::ASSIGNMENT as ASSIGNMENT_ANNOTATION;
 use tessera_testcluster::{Cluster, ClusterOptions};
 
 fn gpu_pod(name: &str, node: &str, created: &str, gpus: u32, assignment: Option<String>) -> Pod {

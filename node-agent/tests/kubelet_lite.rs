@@ -13,9 +13,9 @@ use common::shape;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
 use serde_json::json;
-use tessera_agent::assignments::ASSIGNMENT_ANNOTATION;
 use tessera_agent::gpu::sim::SimBackend;
 use tessera_agent::plugin::{ENV_COMPUTE_PERCENT, ENV_MEMORY_LIMIT};
+use tessera_contract::keys::ASSIGNMENT as ASSIGNMENT_ANNOTATION;
 use tessera_testcluster::{Cluster, ClusterOptions, LiteNode, NodeOptions};
 
 const SHAPE: &str = "l40s-4x-pcie.yaml";

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 
 use common::{Harness, bind_isolated};
 use tessera_agent::assignments::StaticAssignments;
-use tessera_agent::enforce::isolation::Isolation;
 use tessera_agent::enforce::mig::MigConfig;
 use tessera_agent::gpu::{GpuBackend, MigInstance};
 use tessera_agent::ledger::PodRef;
+use tessera_contract::Isolation;
 use tessera_device_plugin::testing::PluginConnection;
 use tonic::Code;
 

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use common::{Harness, bind_isolated, share};
 use tessera_agent::assignments::StaticAssignments;
-use tessera_agent::enforce::isolation::Isolation;
 use tessera_agent::enforce::mps::{MpsConfig, PID_FILE};
 use tessera_agent::ledger::PodRef;
+use tessera_contract::Isolation;
 use tessera_device_plugin::testing::PluginConnection;
 use tonic::Code;
 
@@ -275,12 +275,12 @@ async fn missing_control_program_fails_mps_allocate_with_a_clear_message() {
         pod.clone(),
         3,
         &[("main", 2)],
-        Some(tessera_agent::assignments::Assignment {
-            containers: vec![tessera_agent::assignments::ContainerAssignment {
+        Some(tessera_contract::Assignment {
+            containers: vec![tessera_contract::ContainerAssignment {
                 container: "main".into(),
                 gpus: [&g0, &g1]
                     .iter()
-                    .map(|g| tessera_agent::assignments::GpuSlice {
+                    .map(|g| tessera_contract::GpuSlice {
                         uuid: (*g).clone(),
                         memory_mib: 1024,
                         compute_milli: 100,

@@ -11,11 +11,11 @@ use common::{Harness, refs, share};
 use tessera_agent::admin::{self, Response, StatusReport};
 use tessera_agent::agent::Agent;
 use tessera_agent::assignments::StaticAssignments;
-use tessera_agent::enforce::isolation::Isolation;
 use tessera_agent::enforce::memory::MemoryAction;
 use tessera_agent::enforce::watchdog::WatchdogConfig;
 use tessera_agent::events::{EventReason, RecordedEvents};
 use tessera_agent::ledger::PodRef;
+use tessera_contract::Isolation;
 use tessera_device_plugin::testing::PluginConnection;
 
 /// Deadline for "eventually" conditions (slow CI machines).

@@ -72,6 +72,7 @@ pub mod tessera {
         }
         pub use generated::*;
 
+        mod isolation;
         mod version;
         pub use version::{
             DEFAULT_COORDINATOR_PORT, MIN_ACCEPTED_PROTOCOL_VERSION, PROTOCOL_VERSION,

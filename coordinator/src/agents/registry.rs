@@ -12,9 +12,6 @@ use tokio::sync::{mpsc, watch};
 
 use crate::model::{Gpu, MigInstance};
 
-/// Compute slices of a full GPU in MIG terms (A100/H100/H200: seven).
-const MIG_COMPUTE_SLICES: u32 = 7;
-
 /// What one node's agent last reported.
 #[derive(Clone, Debug)]
 pub struct AgentNode {
@@ -615,7 +612,7 @@ pub fn gpus_from_inventory(inv: &pb::NodeInventory) -> Result<Vec<Gpu>, Inventor
                 .map(|m| MigInstance {
                     profile: m.profile.clone(),
                     memory_mib: m.memory_mib,
-                    compute_milli: mig_compute_milli(&m.profile, m.memory_mib, g.memory_mib),
+                    compute_milli: mig_compute_milli(m, g.memory_mib),
                 })
                 .collect()
         });
@@ -695,20 +692,16 @@ pub fn nvlink_islands(n: usize, edges: &[(usize, usize)]) -> Vec<Option<u32>> {
         .collect()
 }
 
-/// Compute share of a MIG profile: `<k>g.<mem>` holds k of seven compute slices; an
-/// unrecognised name falls back to the instance's share of the GPU's memory.
-fn mig_compute_milli(profile: &str, memory_mib: u64, gpu_memory_mib: u64) -> u32 {
-    let slices = profile
-        .split_once('g')
-        .and_then(|(k, _)| k.parse::<u32>().ok())
-        .filter(|k| (1..=MIG_COMPUTE_SLICES).contains(k));
-    match slices {
-        Some(k) => k * 1000 / MIG_COMPUTE_SLICES,
-        None if gpu_memory_mib > 0 => {
-            ((memory_mib.min(gpu_memory_mib) * 1000) / gpu_memory_mib) as u32
-        }
-        None => 0,
+/// Compute share of a MIG instance: the compute slices it holds of the GPU's, as its agent
+/// reports them; from an agent that does not, its share of the GPU's memory.
+fn mig_compute_milli(m: &pb::MigInstance, gpu_memory_mib: u64) -> u32 {
+    if m.compute_slices > 0 && m.gpu_compute_slices >= m.compute_slices {
+        return m.compute_slices * 1000 / m.gpu_compute_slices;
     }
+    if gpu_memory_mib == 0 {
+        return 0;
+    }
+    ((m.memory_mib.min(gpu_memory_mib) * 1000) / gpu_memory_mib) as u32
 }
 
 #[cfg(test)]
@@ -781,10 +774,18 @@ mod tests {
     }
 
     #[test]
-    fn mig_profiles_map_to_compute_slices() {
-        assert_eq!(mig_compute_milli("1g.10gb", 9856, 81920), 142);
-        assert_eq!(mig_compute_milli("7g.80gb", 81920, 81920), 1000);
-        assert_eq!(mig_compute_milli("odd", 40960, 81920), 500);
+    fn mig_compute_share_is_the_reported_slices_else_the_memory_share() {
+        let mig = |compute_slices, gpu_compute_slices, memory_mib| pb::MigInstance {
+            profile: "any name".into(),
+            compute_slices,
+            gpu_compute_slices,
+            memory_mib,
+            ..Default::default()
+        };
+        assert_eq!(mig_compute_milli(&mig(1, 7, 9856), 81920), 142);
+        assert_eq!(mig_compute_milli(&mig(7, 7, 81920), 81920), 1000);
+        assert_eq!(mig_compute_milli(&mig(0, 0, 40960), 81920), 500);
+        assert_eq!(mig_compute_milli(&mig(3, 0, 40960), 81920), 500);
     }
 
     #[test]

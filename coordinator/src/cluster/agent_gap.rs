@@ -10,8 +10,8 @@
 use crate::model::Node;
 use k8s_openapi::api::core::v1::Node as KubeNode;
 
-use super::GPU_RESOURCE;
 use super::cache::Store;
+use tessera_contract::keys::GPU_RESOURCE;
 
 /// The label NVIDIA's GPU feature discovery puts on GPU nodes.
 pub const GPU_PRESENT_LABEL: &str = "nvidia.com/gpu.present";

@@ -25,8 +25,10 @@ use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 
 use super::events::{self, EventKind, EventWriter};
 use super::gate::NotLeading;
-use super::{ASSIGNED_AT_ANNOTATION, ASSIGNMENT_ANNOTATION};
 use crate::model::Assignment;
+use tessera_contract::keys::{
+    ASSIGNED_AT as ASSIGNED_AT_ANNOTATION, ASSIGNMENT as ASSIGNMENT_ANNOTATION,
+};
 
 /// One pod to bind.
 #[derive(Clone, Debug, PartialEq)]

@@ -28,16 +28,6 @@ use crate::agents::{AgentRegistry, Authenticator};
 use crate::cycle::CycleConfig;
 use crate::ops::Metrics;
 
-/// Annotation with the exact GPU assignment (JSON of [`crate::model::Assignment`]).
-pub const ASSIGNMENT_ANNOTATION: &str = "tessera.dev/assignment";
-/// Annotation with the time the assignment was written (RFC 3339).
-pub const ASSIGNED_AT_ANNOTATION: &str = "tessera.dev/assigned-at";
-/// Annotation a revision-1 agent writes once the kubelet allocated the pod's GPUs
-/// (revision-2 agents say so on their stream, `Occupancy.allocated_pod_uids`).
-pub const ALLOCATED_ANNOTATION: &str = "tessera.dev/allocated";
-/// The GPU extended resource.
-pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
-
 /// Failures starting the coordinator.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {

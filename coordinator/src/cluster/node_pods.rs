@@ -8,34 +8,16 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use tessera_proto::tessera::v1 as pb;
 use tokio::sync::watch;
 
-use super::ASSIGNMENT_ANNOTATION;
 use super::cache::{Cache, Store};
 use crate::agents::AgentRegistry;
 use crate::agents::stopped;
-use crate::translate::containers::gpus_of;
-use crate::translate::keys;
-
-/// Whether some container of `pod` (init containers included) has started, or it runs:
-/// the kubelet allocates every container's devices at admission, before any starts.
-pub fn has_started(pod: &Pod) -> bool {
-    let Some(status) = &pod.status else {
-        return false;
-    };
-    let began = |statuses: &Option<Vec<ContainerStatus>>| {
-        statuses.iter().flatten().any(|c| {
-            c.state
-                .as_ref()
-                .is_some_and(|s| s.running.is_some() || s.terminated.is_some())
-        })
-    };
-    status.phase.as_deref() == Some("Running")
-        || began(&status.init_container_statuses)
-        || began(&status.container_statuses)
-}
+use tessera_contract::keys;
+use tessera_contract::keys::ASSIGNMENT as ASSIGNMENT_ANNOTATION;
+use tessera_contract::pod::{allocation_order, container_gpus, has_started, is_finished};
 
 /// `pod` as its agent will see it once bound to `node` with `assignment` (JSON), for the
 /// announcement made right before the Binding is sent.
@@ -55,17 +37,13 @@ fn bound_pod(pod: &Pod) -> Option<(String, pb::BoundPod)> {
 
 fn describe(pod: &Pod, node: &str) -> Option<(String, pb::BoundPod)> {
     let spec = pod.spec.as_ref()?;
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    if matches!(phase, Some("Succeeded" | "Failed")) {
+    if is_finished(pod) {
         return None;
     }
-    let containers: Vec<pb::BoundContainer> = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .chain(spec.containers.iter())
+    let containers: Vec<pb::BoundContainer> = allocation_order(spec)
+        .map(|c| c.container)
         .filter_map(|c| {
-            let gpus = u32::try_from(gpus_of(c)).ok().filter(|&n| n > 0)?;
+            let gpus = container_gpus(c).ok().filter(|&n| n > 0)?;
             Some(pb::BoundContainer {
                 name: c.name.clone(),
                 gpus,

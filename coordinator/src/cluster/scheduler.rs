@@ -42,17 +42,20 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod as KubePod;
 use tokio::sync::watch;
 
+use super::CoordinatorConfig;
 use super::binder::{BindTarget, Binder, EvictTarget, UnitOutcome};
 use super::cache::{Cache, Store};
 use super::events::EventWriter;
 use super::gate;
 use super::snapshot::{self, BuildContext, Overlay};
 use super::status::StatusWriter;
-use super::{ALLOCATED_ANNOTATION, ASSIGNMENT_ANNOTATION, CoordinatorConfig};
 use crate::agents::AgentRegistry;
 use crate::cycle::{Decisions, EvictionReason, schedule};
 use crate::model::{Assignment, Placement, Resource};
 use crate::ops::{Metrics, QueueSample};
+use tessera_contract::keys::{
+    ALLOCATED as ALLOCATED_ANNOTATION, ASSIGNMENT as ASSIGNMENT_ANNOTATION,
+};
 
 /// Evictions not seen in the cache after this long are forgotten (the next cycle decides
 /// again).
@@ -942,8 +945,6 @@ fn held_too_long(
     }
 }
 
-/// `nvidia.com/gpu` slots the pod asks for (limits, else requests, summed over containers):
-/// what the kubelet's Allocate call will carry.
 /// The `nvidia.com/gpu` slot counts the kubelet's Allocate calls for `pod` will ask for, one
 /// per GPU container (init containers included): the agent tells requests apart only by
 /// their size, so two unallocated pods on a node with a size in common can be confused.
@@ -951,13 +952,9 @@ fn gpu_sizes(pod: &KubePod) -> BTreeSet<u32> {
     let Some(spec) = &pod.spec else {
         return BTreeSet::new();
     };
-    spec.init_containers
-        .iter()
-        .flatten()
-        .chain(spec.containers.iter())
-        .map(crate::translate::containers::gpus_of)
+    tessera_contract::pod::allocation_order(spec)
+        .filter_map(|c| tessera_contract::pod::container_gpus(c.container).ok())
         .filter(|&n| n > 0)
-        .filter_map(|n| u32::try_from(n).ok())
         .collect()
 }
 
@@ -980,7 +977,7 @@ fn unallocated_gpu_pods(
         if is_finished(pod) || pod.metadata.deletion_timestamp.is_some() {
             continue;
         }
-        if super::node_pods::has_started(pod)
+        if tessera_contract::pod::has_started(pod)
             || allocated.get(node).is_some_and(|a| a.contains(uid))
         {
             continue;

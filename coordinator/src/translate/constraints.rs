@@ -41,7 +41,7 @@ pub const NODE_NAME_FIELD: &str = "metadata.name";
 
 /// The taint key of GPU nodes whose GPU pods tolerate it implicitly (see
 /// [`gpu_tolerations`]).
-pub const GPU_TAINT_KEY: &str = "nvidia.com/gpu";
+pub const GPU_TAINT_KEY: &str = tessera_contract::keys::GPU_RESOURCE;
 
 fn err(field: String, message: impl Into<String>) -> InputError {
     InputError {

@@ -13,22 +13,13 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 
-use super::keys;
 use super::requests::is_restartable;
 use crate::model::{Assignment, ContainerAssignment, GpuSlice};
+use tessera_contract::pod::{allocation_order, container_gpus};
 
-/// Whole GPUs a container asks for (its `nvidia.com/gpu` limit, else its request; 0 when
-/// unreadable, which the pod's translation reports).
-pub fn gpus_of(c: &Container) -> usize {
-    let r = c.resources.as_ref();
-    r.and_then(|r| r.limits.as_ref())
-        .and_then(|m| m.get(keys::GPU_RESOURCE))
-        .or_else(|| {
-            r.and_then(|r| r.requests.as_ref())
-                .and_then(|m| m.get(keys::GPU_RESOURCE))
-        })
-        .and_then(|q| q.0.trim().parse::<usize>().ok())
-        .unwrap_or(0)
+/// Whole GPUs a container asks for, 0 when unreadable (which the pod's translation reports).
+fn gpus_of(c: &Container) -> usize {
+    container_gpus(c).map_or(0, |n| n as usize)
 }
 
 /// `assignment` (the pod's GPUs, as the core placed them) split per container in the
@@ -36,12 +27,8 @@ pub fn gpus_of(c: &Container) -> usize {
 /// shared GPU always goes to one container) or when the GPUs do not cover what the containers
 /// ask for (the core then placed something else, which is passed through as it is).
 pub fn split(spec: &PodSpec, assignment: &Assignment) -> Assignment {
-    let asking: Vec<(&Container, bool)> = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .map(|c| (c, true))
-        .chain(spec.containers.iter().map(|c| (c, false)))
+    let asking: Vec<(&Container, bool)> = allocation_order(spec)
+        .map(|c| (c.container, c.is_init()))
         .filter(|(c, _)| gpus_of(c) > 0)
         .collect();
     if asking.len() < 2 {

@@ -15,9 +15,9 @@ use std::collections::BTreeMap;
 use crate::crd::{PodGroup as PodGroupCrd, Topology};
 use crate::model::{InputError, PodGroup};
 
-use super::keys;
 use super::pod::{GroupSource, TranslatedPod};
 use super::topology::resolve;
+use tessera_contract::keys;
 
 /// What group derivation needs besides pods and objects.
 #[derive(Clone, Copy, Debug)]

@@ -10,7 +10,6 @@ pub mod budgets;
 pub mod constraints;
 pub mod containers;
 pub mod group;
-pub mod keys;
 pub mod node;
 pub mod pod;
 pub mod queue;
@@ -30,6 +29,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use crate::crd::validate::{self, Problem};
 use crate::crd::{PodGroup as PodGroupCrd, Queue as QueueCrd, Topology};
 use crate::model::{Gpu, InputError, Queue, Snapshot};
+use tessera_contract::keys;
 
 pub use group::{GroupContext, groups};
 pub use pod::{GroupSource, PodContext, TranslatedPod};

@@ -7,14 +7,15 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod as KubePod};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::crd::quantity::{self, Round};
 use crate::model::{
     Assignment, GpuRequest, GpuShare, InputError, Isolation, Placement, Pod as ModelPod,
 };
 
-use super::{constraints, keys, requests};
+use super::{constraints, requests};
+use tessera_contract::keys;
+use tessera_contract::pod::{container_gpus, gpu_quantity};
 
 /// What pod translation needs besides the pod.
 #[derive(Clone, Debug, Default)]
@@ -168,19 +169,10 @@ pub fn translate(pod: &KubePod, ctx: &PodContext) -> Option<TranslatedPod> {
 
     let isolation = match lookup(annotations, &[keys::ISOLATION]) {
         None => Isolation::Watchdog,
-        Some((_, v)) => match v.trim() {
-            "watchdog" => Isolation::Watchdog,
-            "mps" => Isolation::Mps,
-            "mig" => Isolation::Mig,
-            "none" => Isolation::None,
-            _ => {
-                errors.push(err(
-                    keys::ISOLATION,
-                    format!("{v:?} is not an isolation mode; use one of watchdog, mps, mig, none"),
-                ));
-                Isolation::Watchdog
-            }
-        },
+        Some((_, v)) => Isolation::parse(v).unwrap_or_else(|e| {
+            errors.push(err(keys::ISOLATION, e.to_string()));
+            Isolation::Watchdog
+        }),
     };
 
     let min_member = match lookup(annotations, &[keys::MIN_MEMBER]) {
@@ -367,18 +359,6 @@ fn priority_of(
     }
 }
 
-/// The request of `resource` in `c` (falling back to its limit, as the API server defaults it).
-fn request_of<'a>(c: &'a Container, resource: &str) -> Option<(&'static str, &'a Quantity)> {
-    let r = c.resources.as_ref()?;
-    if let Some(q) = r.requests.as_ref().and_then(|m| m.get(resource)) {
-        return Some(("requests", q));
-    }
-    r.limits
-        .as_ref()
-        .and_then(|m| m.get(resource))
-        .map(|q| ("limits", q))
-}
-
 /// Whole-GPU count of the first container asking for `nvidia.com/gpu`, that container (the
 /// first container when none asks), and every container asking, in order.
 fn gpu_count(
@@ -389,19 +369,11 @@ fn gpu_count(
     let mut count = 0u32;
     let mut asking: Vec<(String, String)> = Vec::new();
     for (i, c) in containers.iter().enumerate() {
-        let Some((which, q)) = request_of(c, keys::GPU_RESOURCE).map(|(w, q)| {
-            // The limit is what counts for extended resources; requests must equal it.
-            let limit = c
-                .resources
-                .as_ref()
-                .and_then(|r| r.limits.as_ref())
-                .and_then(|m| m.get(keys::GPU_RESOURCE));
-            limit.map(|l| ("limits", l)).unwrap_or((w, q))
-        }) else {
+        let Some((which, _)) = gpu_quantity(c) else {
             continue;
         };
         let field = format!("spec.{kind}[{i}].resources.{which}.{}", keys::GPU_RESOURCE);
-        match q.0.trim().parse::<u32>() {
+        match container_gpus(c) {
             Ok(0) => {}
             Ok(n) => {
                 if asking.is_empty() {
@@ -409,14 +381,7 @@ fn gpu_count(
                 }
                 asking.push((c.name.clone(), field));
             }
-            Err(_) => errors.push(err(
-                &field,
-                format!(
-                    "{:?} is not a whole number of GPUs; use e.g. \"2\" (fractions go in {})",
-                    q.0,
-                    keys::GPU_FRACTION
-                ),
-            )),
+            Err(e) => errors.push(err(&field, e.to_string())),
         }
     }
     let receiver = asking

@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use tessera_contract::keys;
 
 use crate::crd::quantity::{self, Round};
 use crate::model::InputError;
@@ -174,7 +175,7 @@ pub fn mib(milli_bytes: u64) -> u64 {
 /// hugepages, attachable volumes, and every domain-prefixed resource (extended resources
 /// and `kubernetes.io/` prefixed native ones) except `nvidia.com/gpu` and `nvidia.com/mig-*`.
 pub fn is_extended(name: &str) -> bool {
-    if name == "nvidia.com/gpu" || name.starts_with("nvidia.com/mig-") {
+    if name == keys::GPU_RESOURCE || name.starts_with(keys::MIG_RESOURCE_PREFIX) {
         return false;
     }
     name == "ephemeral-storage"

@@ -10,10 +10,8 @@
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use crate::translate::keys;
+use tessera_contract::keys;
 
-/// Prefix of Tessera's labels and annotations.
-const TESSERA_PREFIX: &str = "tessera.dev/";
 /// KAI Scheduler's annotations that Tessera reads as its own.
 const KAI_ANNOTATIONS: [&str; 4] = [
     keys::GPU_FRACTION_ALIAS,
@@ -98,14 +96,14 @@ fn contract_key(pod: &Pod) -> Option<String> {
         .iter()
         .flatten()
         .map(|(k, _)| k)
-        .find(|k| k.starts_with(TESSERA_PREFIX) || k.as_str() == keys::QUEUE_ALIAS)
+        .find(|k| k.starts_with(keys::PREFIX) || k.as_str() == keys::QUEUE_ALIAS)
         .map(|k| format!("carries label {k}"));
     label.or_else(|| {
         meta.annotations
             .iter()
             .flatten()
             .map(|(k, _)| k)
-            .find(|k| k.starts_with(TESSERA_PREFIX) || KAI_ANNOTATIONS.contains(&k.as_str()))
+            .find(|k| k.starts_with(keys::PREFIX) || KAI_ANNOTATIONS.contains(&k.as_str()))
             .map(|k| format!("carries annotation {k}"))
     })
 }

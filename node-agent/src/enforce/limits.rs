@@ -4,9 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use super::isolation::Isolation;
 use crate::assignments::AssignmentSource;
 use crate::ledger::{Ledger, PodRef};
+use tessera_contract::Isolation;
 
 /// What one pod may use of one GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]

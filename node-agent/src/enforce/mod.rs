@@ -7,7 +7,6 @@
 
 pub mod cgroup;
 pub mod controller;
-pub mod isolation;
 pub mod limits;
 pub mod memory;
 pub mod mig;

@@ -9,8 +9,8 @@ use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 use tessera_proto::tessera::v1 as pb;
 
-use super::isolation::Isolation;
 use crate::ledger::PodRef;
+use tessera_contract::Isolation;
 
 /// The enforcement state of one pod on one GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

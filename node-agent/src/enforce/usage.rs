@@ -108,7 +108,7 @@ impl PodMeter {
     }
 
     /// How `pod`'s limits are enforced (the default, watchdog, when unknown).
-    pub fn isolation(&self, pod: Option<&PodRef>) -> super::isolation::Isolation {
+    pub fn isolation(&self, pod: Option<&PodRef>) -> tessera_contract::Isolation {
         pod.and_then(|p| self.source.isolation(p))
             .unwrap_or_default()
     }

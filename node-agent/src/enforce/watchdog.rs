@@ -28,7 +28,6 @@ use parking_lot::{Condvar, Mutex};
 
 use super::cgroup::pod_of_pid;
 use super::controller::{Claim, PiController, PiGains, contended, targets};
-use super::isolation::Isolation;
 use super::limits::PodLimit;
 use super::memory::{MemoryAction, MemoryGuard, MemoryState, MemoryVerdict};
 use super::signals::{Signal, Signaller};
@@ -36,6 +35,7 @@ use super::state::{Action, EnforcementBoard, EnforcementState, PodEnforcement};
 use super::throttle::{ThrottleGroup, ThrottlePlan, Throttler};
 use crate::events::{EventReason, EventSink, PodEvent};
 use crate::gpu::{GpuBackend, GpuProcess};
+use tessera_contract::Isolation;
 
 /// Watchdog settings (`tessera-agent run --watchdog-interval-ms …`).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -105,6 +105,17 @@ pub fn table_for(model: &str, memory_mib: u64) -> Option<Vec<MigProfile>> {
     None
 }
 
+/// Compute slices of a GPU-instance profile named as NVIDIA names them: the `N` of
+/// `Ng.<memory>` (`1g.10gb+me` → 1); 0 for a name of another form. The simulated driver
+/// reports an instance's slices from its profile as the real one does.
+pub fn compute_slices_of(profile: &str) -> u32 {
+    profile
+        .split_once('g')
+        .and_then(|(n, _)| n.parse().ok())
+        .filter(|n| (1..=COMPUTE_SLICES).contains(n))
+        .unwrap_or(0)
+}
+
 /// Memory and compute slices held by one instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Span {

@@ -146,6 +146,10 @@ pub struct MigDevice {
     pub profile: String,
     /// Memory of the instance.
     pub memory_total_mib: u64,
+    /// Compute slices it holds (of the GPU's [`mig::COMPUTE_SLICES`]); 0 when the driver
+    /// did not say.
+    #[serde(default)]
+    pub compute_slices: u32,
 }
 
 /// A GPU-instance profile a GPU in MIG mode supports, as the driver lists it

@@ -214,7 +214,12 @@ impl NvmlBackend {
                     &format!("memory of {mig_uuid}"),
                     mig.memory_info().map_err(err("nvmlDeviceGetMemoryInfo_v2")),
                 );
+                // Compute slices are an attribute of the MIG device (Ampere and later).
+                let compute_slices = mig
+                    .attributes()
+                    .map_or(0, |a| a.compute_instance_slice_count);
                 instances.push(MigDevice {
+                    compute_slices,
                     uuid: mig_uuid,
                     profile: resource_profile(mig_profile(&name).unwrap_or("unknown")),
                     memory_total_mib: memory

@@ -255,6 +255,7 @@ impl SimBackend {
                             // As the NVML backend names it from the device name.
                             profile: resource_profile(&inst.profile),
                             memory_total_mib: inst.memory_mib,
+                            compute_slices: crate::gpu::mig::compute_slices_of(&inst.profile),
                         });
                     }
                     Some(instances)

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use tessera_device_plugin::{ProviderError, api};
 
 use super::*;
-use crate::assignments::GpuSlice;
 use crate::ledger::{Grant, Origin, PodRef};
+use tessera_contract::GpuSlice;
 
 impl GpuPlugin {
     pub(super) fn live_reservations(&self) -> Vec<Reservation> {
@@ -383,10 +383,11 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::assignments::{Assignment, ContainerAssignment, StaticAssignments};
+    use crate::assignments::StaticAssignments;
     use crate::gpu::sim::SimBackend;
     use crate::ledger::Ledger;
     use crate::node::{NodeOptions, slot_id};
+    use tessera_contract::{Assignment, ContainerAssignment};
 
     /// Four L40S GPUs (no NVLink), 10 slots each, and a source the test fills.
     fn plugin() -> (GpuPlugin, Arc<StaticAssignments>, Vec<String>) {

@@ -30,13 +30,14 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tessera_device_plugin::{DeviceProvider, DeviceWatch, PluginOptions, ProviderError, api};
 
-use crate::assignments::{AssignmentSource, GpuSlice};
-use crate::enforce::isolation::Isolation;
+use crate::assignments::AssignmentSource;
 use crate::enforce::mig::{MigError, MigManager};
 use crate::enforce::mps::{self, MpsManager, MpsPaths};
 use crate::gpu::MigInstance;
 use crate::ledger::{Grant, Origin, PodRef};
 use crate::node::Node;
+use tessera_contract::GpuSlice;
+use tessera_contract::Isolation;
 
 mod enforced;
 mod matching;

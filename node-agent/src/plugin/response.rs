@@ -6,7 +6,7 @@ use tessera_device_plugin::{ProviderError, api};
 
 use super::*;
 use crate::ledger::{Allocation, Grant, now_unix_ms};
-use crate::node::GPU_RESOURCE;
+use tessera_contract::keys::GPU_RESOURCE;
 
 impl GpuPlugin {
     pub(super) fn response(

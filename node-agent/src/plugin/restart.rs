@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use super::*;
 use crate::ledger::{Origin, PodRef};
-use crate::node::GPU_RESOURCE;
+use tessera_contract::keys::GPU_RESOURCE;
 
 impl GpuPlugin {
     /// Marks the ledger's allocations for pods that have not started as unconfirmed: the

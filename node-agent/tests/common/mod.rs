@@ -8,14 +8,13 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 use tessera_agent::agent::{Agent, AgentConfig};
-use tessera_agent::assignments::{
-    Assignment, AssignmentSource, ContainerAssignment, GpuSlice, StaticAssignments,
-};
-use tessera_agent::enforce::isolation::Isolation;
+use tessera_agent::assignments::{AssignmentSource, StaticAssignments};
 use tessera_agent::gpu::Backend;
 use tessera_agent::gpu::sim::SimBackend;
 use tessera_agent::ledger::PodRef;
 use tessera_agent::node::NodeOptions;
+use tessera_contract::Isolation;
+use tessera_contract::{Assignment, ContainerAssignment, GpuSlice};
 use tessera_device_plugin::testing::{FakeKubelet, FakePodResources, PluginConnection};
 
 pub const WAIT: Duration = Duration::from_secs(5);

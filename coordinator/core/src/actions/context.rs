@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
+use tessera_contract::keys;
 
 use crate::constraints;
 use crate::cycle::{CycleConfig, NodeReason, Reason};
@@ -332,7 +333,7 @@ impl<'a> Ctx<'a> {
             match p.gpu.per_gpu {
                 GpuShare::Fraction(m) if m == 0 || m > 1000 => {
                     return Some(Reason::InvalidInput {
-                        field: "tessera.dev/gpu-fraction".into(),
+                        field: keys::GPU_FRACTION.into(),
                         message: format!(
                             "{} is outside (0, 1]; give a decimal such as 0.5",
                             m as f64 / 1000.0
@@ -341,14 +342,14 @@ impl<'a> Ctx<'a> {
                 }
                 GpuShare::MemoryMib(0) => {
                     return Some(Reason::InvalidInput {
-                        field: "tessera.dev/gpu-memory".into(),
+                        field: keys::GPU_MEMORY.into(),
                         message: "0 is not a memory amount; give a quantity such as 10Gi or 4096Mi"
                             .into(),
                     });
                 }
                 GpuShare::MemoryMib(m) if m > self.max_gpu_mib => {
                     return Some(Reason::InvalidInput {
-                        field: "tessera.dev/gpu-memory".into(),
+                        field: keys::GPU_MEMORY.into(),
                         message: format!(
                             "{m}Mi is larger than any GPU in the cluster (largest {}Mi)",
                             self.max_gpu_mib
@@ -359,7 +360,7 @@ impl<'a> Ctx<'a> {
             }
             if p.gpu.count > self.max_node_gpus {
                 return Some(Reason::InvalidInput {
-                    field: "nvidia.com/gpu".into(),
+                    field: keys::GPU_RESOURCE.into(),
                     message: format!(
                         "{} GPUs requested but the largest node has {} healthy GPUs",
                         p.gpu.count, self.max_node_gpus

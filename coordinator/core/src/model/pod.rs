@@ -34,22 +34,7 @@ impl GpuRequest {
     };
 }
 
-/// How the node agent enforces the pod's GPU limits.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Isolation {
-    /// NVML polling, kill on memory overrun, duty-cycle throttling.
-    #[default]
-    Watchdog,
-    /// CUDA MPS per-client limits.
-    Mps,
-    /// A MIG instance; only GPUs in MIG mode host it.
-    Mig,
-    /// No enforcement.
-    None,
-}
+pub use tessera_contract::{Assignment, ContainerAssignment, GpuSlice, Isolation};
 
 /// A malformed user input the cluster layer found while reading the pod; the core reports it as
 /// the pending reason instead of scheduling the pod.
@@ -59,51 +44,6 @@ pub struct InputError {
     pub field: String,
     /// What is wrong and which form is accepted.
     pub message: String,
-}
-
-/// One GPU (or slice of one) given to a container.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct GpuSlice {
-    /// Device UUID.
-    pub uuid: String,
-    /// Memory limit on this GPU in MiB.
-    pub memory_mib: u64,
-    /// Compute share on this GPU in milli-GPU (1000 = whole).
-    pub compute_milli: u32,
-}
-
-/// The GPUs of one container.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ContainerAssignment {
-    /// Container name.
-    pub container: String,
-    /// Its GPUs with memory and compute share.
-    pub gpus: Vec<GpuSlice>,
-}
-
-/// The exact GPU assignment of a pod: the value of the `tessera.dev/assignment` annotation.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Assignment {
-    /// Per container.
-    pub containers: Vec<ContainerAssignment>,
-}
-
-impl Assignment {
-    /// All GPU slices of all containers.
-    pub fn slices(&self) -> impl Iterator<Item = &GpuSlice> {
-        self.containers.iter().flat_map(|c| c.gpus.iter())
-    }
-
-    /// The annotation text (compact JSON).
-    pub fn to_json(&self) -> String {
-        // Serialising plain strings and integers cannot fail.
-        serde_json::to_string(self).unwrap_or_default()
-    }
-
-    /// Parses the annotation text.
-    pub fn from_json(text: &str) -> Result<Assignment, serde_json::Error> {
-        serde_json::from_str(text)
-    }
 }
 
 /// Where a bound or running pod is.

@@ -1,5 +1,5 @@
-//! The user contract's label and annotation names (SPEC.md), with the migration aliases that
-//! are accepted on input and never written.
+//! The user contract's label and annotation names (SPEC.md), the migration aliases accepted
+//! on input and never written, and the names the coordinator and agents write to each other.
 
 /// Label: leaf queue name.
 pub const QUEUE: &str = "tessera.dev/queue";
@@ -17,7 +17,8 @@ pub const GPU_MEMORY: &str = "tessera.dev/gpu-memory";
 pub const GPU_MEMORY_ALIAS: &str = "gpu-memory";
 /// Alias annotation: number of GPUs a fractional pod shares (when it has no `nvidia.com/gpu`).
 pub const GPU_FRACTION_NUM_DEVICES_ALIAS: &str = "gpu-fraction-num-devices";
-/// Annotation: how limits are enforced (`watchdog`, `mps`, `mig`, `none`).
+/// Annotation: how limits are enforced (`watchdog`, `mps`, `mig`, `none`); read by both
+/// the coordinator (MIG placement) and the agent (enforcement).
 pub const ISOLATION: &str = "tessera.dev/isolation";
 /// Annotation: PodGroup name.
 pub const POD_GROUP: &str = "tessera.dev/pod-group";
@@ -29,14 +30,26 @@ pub const MIN_MEMBER: &str = "tessera.dev/min-member";
 pub const TOPOLOGY_REQUIRED: &str = "tessera.dev/topology-required";
 /// Annotation: topology level all pods of the group should share.
 pub const TOPOLOGY_PREFERRED: &str = "tessera.dev/topology-preferred";
-/// Label: `true` / `false`; default from priority (below 100 = preemptible).
+/// Label: `true` / `false`; default from priority (below [`PREEMPTIBLE_BELOW_PRIORITY`]).
 pub const PREEMPTIBLE: &str = "tessera.dev/preemptible";
-/// Annotation written by the binder: the exact GPU assignment (JSON).
-pub const ASSIGNMENT: &str = "tessera.dev/assignment";
-/// Extended resource of GPUs.
-pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 /// Pods at or above this priority are not preemptible unless labelled so.
 pub const PREEMPTIBLE_BELOW_PRIORITY: i32 = 100;
+/// Annotation the coordinator writes with the Binding: the exact GPU assignment
+/// ([`crate::Assignment`] as JSON); the agent reads it to answer the kubelet's Allocate.
+pub const ASSIGNMENT: &str = "tessera.dev/assignment";
+/// Annotation the coordinator writes beside [`ASSIGNMENT`]: when it was decided (RFC 3339),
+/// for the same-count hold's timeout.
+pub const ASSIGNED_AT: &str = "tessera.dev/assigned-at";
+/// Annotation a revision-1 agent writes once the kubelet allocated the pod's GPUs
+/// (revision-2 agents say so on their stream, `Occupancy.allocated_pod_uids`).
+pub const ALLOCATED: &str = "tessera.dev/allocated";
+/// Prefix of every Tessera label and annotation.
+pub const PREFIX: &str = "tessera.dev/";
+/// The GPU extended resource the agent serves as a device plugin.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+/// Prefix of the per-profile MIG resources the agent serves (`nvidia.com/mig-1g.10gb`), named
+/// as NVIDIA's device plugin names them.
+pub const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
 /// Label the JobSet controller puts on every pod of a JobSet (its top owner).
 pub const JOBSET_NAME_LABEL: &str = "jobset.sigs.k8s.io/jobset-name";
 /// The scheduler name of pods that name none.
