@@ -11,7 +11,7 @@
 //! A unit (a gang, or a single pod) is bound member by member and stops at the first failure.
 //! Undoing the members already bound is [`Binder::roll_back_unit`], the one rollback used for
 //! every way a unit fails (a refused or unanswered Binding, a node that never cleared, a member
-//! given up); the scheduler decides what to roll back.
+//! given up); the planner (`cluster::plan`) decides what to roll back.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -13,6 +13,7 @@ pub mod events;
 pub mod gate;
 pub mod leader;
 pub mod node_pods;
+mod plan;
 pub mod scheduler;
 pub mod snapshot;
 pub mod status;
