@@ -28,7 +28,11 @@ pub enum GpuError {
         /// NVML's error text.
         reason: String,
     },
-    /// A simulated machine file could not be read or is invalid.
+    /// A simulated machine's shape file could not be read or is invalid (the error names
+    /// the file, the line and the field).
+    #[error("simulated GPU shape {0}")]
+    Shape(#[from] tessera_gpushape::YamlError),
+    /// A valid shape the simulated backend cannot run.
     #[error("simulated GPU file {path}: {reason}")]
     SimFile {
         /// The file.

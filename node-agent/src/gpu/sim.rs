@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use serde::Deserialize;
+use tessera_gpushape::{Fabric, GpuShape, RemoteType};
 
 use super::{
     GpuBackend, GpuCondition, GpuDevice, GpuError, GpuProcess, GpuSample, LinkPeer, MigDevice,
@@ -17,66 +17,6 @@ use super::{
 };
 use super::{MigInstance, MigProfile};
 use crate::gpu::mig::{Span, fits_at, free_placements};
-
-/// The YAML file, in the format of `hack/gpus/README.md`. Fields the agent does not
-/// need (`description`, `cpu_milli`, `memory_mib`, MIG `compute_milli`) are accepted and
-/// ignored; `uuid`, `pcie_switch`, `nvswitch_links` and the driver-behaviour fields below
-/// are optional agent-only extras.
-#[derive(Debug, Deserialize)]
-struct ShapeFile {
-    name: Option<String>,
-    gpus: Vec<GpuEntry>,
-    #[serde(default)]
-    nvswitch: bool,
-    /// NVLinks per GPU into the switch fabric (default 18, as on H100 SXM).
-    nvswitch_links: Option<u32>,
-    #[serde(default)]
-    nvlinks: Vec<NvLinkEntry>,
-    /// `unknown`: the driver cannot type the far end of a link (what nvml-wrapper 0.13
-    /// always reports); the agent must decide from the remote bus id.
-    nvlink_remote_type: Option<String>,
-    /// Whether the agent has MIG monitoring privilege (default true, as the chart
-    /// grants it); without it a MIG parent's memory reads NO_PERMISSION.
-    mig_monitor: Option<bool>,
-}
-
-#[derive(Debug, Deserialize)]
-struct GpuEntry {
-    model: String,
-    memory_mib: u64,
-    #[serde(default)]
-    numa: u32,
-    pci_bus_id: Option<String>,
-    uuid: Option<String>,
-    pcie_switch: Option<u32>,
-    mig: Option<Vec<MigInstanceEntry>>,
-    /// Memory the driver reserves out of `memory_mib` (default 0).
-    reserved_mib: Option<u64>,
-    /// Whether the GPU supports XID events (default true).
-    xid_events: Option<bool>,
-    /// NVSwitch fabric state: `completed` (default on NVSwitch shapes), `in-progress`,
-    /// `not-started` or `failed`.
-    fabric: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-struct MigInstanceEntry {
-    profile: String,
-    memory_mib: u64,
-    uuid: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-struct NvLinkEntry {
-    a: u32,
-    b: u32,
-    #[serde(default = "one")]
-    links: u32,
-}
-
-fn one() -> u32 {
-    1
-}
 
 /// PCIe placement of one simulated GPU.
 #[derive(Debug, Clone, Copy)]
@@ -100,15 +40,14 @@ pub enum SimFabric {
     Failed,
 }
 
-impl SimFabric {
-    fn parse(text: &str) -> Option<Self> {
-        Some(match text {
-            "completed" => SimFabric::Completed,
-            "in-progress" => SimFabric::InProgress,
-            "not-started" => SimFabric::NotStarted,
-            "failed" => SimFabric::Failed,
-            _ => return None,
-        })
+impl From<Fabric> for SimFabric {
+    fn from(state: Fabric) -> Self {
+        match state {
+            Fabric::Completed => SimFabric::Completed,
+            Fabric::InProgress => SimFabric::InProgress,
+            Fabric::NotStarted => SimFabric::NotStarted,
+            Fabric::Failed => SimFabric::Failed,
+        }
     }
 }
 
@@ -156,77 +95,56 @@ const UTIL_LOG_LEN: usize = 128;
 const SWITCH_PCI_BUS_ID: &str = "0000:e0:00.0";
 
 impl SimBackend {
-    /// Reads a shape file.
+    /// Reads a shape file; the machine is named after the file's stem.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, GpuError> {
         let path = path.as_ref();
-        let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| GpuError::SimFile {
-            path: shown.clone(),
-            reason: e.to_string(),
-        })?;
+        let shape = GpuShape::load(path)?;
         let stem = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "sim".to_owned());
-        Self::from_yaml(&text, &stem).map_err(|reason| GpuError::SimFile {
-            path: shown,
+        Self::from_shape(&shape, &stem).map_err(|reason| GpuError::SimFile {
+            path: path.display().to_string(),
             reason,
         })
     }
 
     /// Parses a shape from YAML text for machine `machine`, which is also the name when
-    /// the file has none. GPU UUIDs derive from the machine and the shape, so two
-    /// machines built from one shape have GPUs of their own, as real machines do.
+    /// the file has none.
     pub fn from_yaml(text: &str, machine: &str) -> Result<Self, String> {
-        let file: ShapeFile = serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
+        let shape =
+            GpuShape::parse(&format!("<shape of {machine}>"), text).map_err(|e| e.to_string())?;
+        Self::from_shape(&shape, machine)
+    }
+
+    /// A simulated machine `machine` of shape `file`. GPU UUIDs derive from the machine
+    /// and the shape, so two machines built from one shape have GPUs of their own, as real
+    /// machines do.
+    pub fn from_shape(file: &GpuShape, machine: &str) -> Result<Self, String> {
         let name = file.name.clone().unwrap_or_else(|| machine.to_owned());
-        let unknown_links = match file.nvlink_remote_type.as_deref() {
-            None | Some("known") => false,
-            Some("unknown") => true,
-            Some(other) => {
-                return Err(format!(
-                    "nvlink_remote_type: {other:?} is not `known` or `unknown`"
-                ));
-            }
-        };
-        let mig_monitor = file.mig_monitor.unwrap_or(true);
+        let unknown_links = file.nvlink_remote_type == RemoteType::Unknown;
+        let mig_monitor = file.mig_monitor;
         let mut no_events = HashSet::new();
         let mut fabric = HashMap::new();
         if file.gpus.is_empty() {
-            return Err("gpus: at least one GPU is required".to_owned());
+            return Err("gpus: the simulated backend needs at least one GPU".to_owned());
         }
-        let count = file.gpus.len() as u32;
         let mut devices = Vec::with_capacity(file.gpus.len());
         let mut pcie = Vec::with_capacity(file.gpus.len());
         for (pos, gpu) in file.gpus.iter().enumerate() {
             let pos = pos as u32;
-            if gpu.memory_mib == 0 {
-                return Err(format!(
-                    "gpus[{pos}].memory_mib: must be a positive number of MiB"
-                ));
-            }
             let uuid = gpu
                 .uuid
                 .clone()
                 .unwrap_or_else(|| derived_uuid("GPU", &format!("{machine}/{name}/{pos}")));
-            let reserved = gpu.reserved_mib.unwrap_or(0);
-            if reserved >= gpu.memory_mib {
-                return Err(format!(
-                    "gpus[{pos}].reserved_mib: must be less than memory_mib ({})",
-                    gpu.memory_mib
-                ));
-            }
-            if !gpu.xid_events.unwrap_or(true) {
+            let reserved = gpu.reserved_mib;
+            if !gpu.xid_events {
                 no_events.insert(uuid.clone());
             }
-            let state = match gpu.fabric.as_deref() {
+            let state = match gpu.fabric {
                 None if file.nvswitch => SimFabric::Completed,
                 None => SimFabric::None,
-                Some(text) => SimFabric::parse(text).ok_or_else(|| {
-                    format!(
-                        "gpus[{pos}].fabric: {text:?} is not completed, in-progress, not-started or failed"
-                    )
-                })?,
+                Some(state) => state.into(),
             };
             if state != SimFabric::None {
                 fabric.insert(uuid.clone(), state);
@@ -236,17 +154,6 @@ impl SimBackend {
                 Some(mig) => {
                     let mut instances = Vec::new();
                     for (k, inst) in mig.iter().enumerate() {
-                        if inst.profile.is_empty()
-                            || !inst
-                                .profile
-                                .chars()
-                                .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '+')
-                        {
-                            return Err(format!(
-                                "gpus[{pos}].mig[{k}].profile: {:?} is not a MIG profile like `1g.5gb`",
-                                inst.profile
-                            ));
-                        }
                         instances.push(MigDevice {
                             uuid: inst
                                 .uuid
@@ -282,10 +189,7 @@ impl SimBackend {
                 memory_total_mib,
                 memory_reserved_mib,
                 numa_node: Some(gpu.numa),
-                pci_bus_id: gpu
-                    .pci_bus_id
-                    .clone()
-                    .unwrap_or_else(|| format!("0000:{:02x}:00.0", (0x10 + pos * 8) % 0xe0)),
+                pci_bus_id: file.pci_bus_id(pos as usize),
                 nvlinks: Vec::new(),
                 mig,
                 unknown,
@@ -297,21 +201,9 @@ impl SimBackend {
                 switch: gpu.pcie_switch.unwrap_or(10_000 + pos),
             });
         }
-        for (k, link) in file.nvlinks.iter().enumerate() {
+        for link in &file.nvlinks {
+            // The shared reader checked both ends exist and differ.
             let (a, b) = (link.a, link.b);
-            for (field, g) in [("a", a), ("b", b)] {
-                if g >= count {
-                    return Err(format!(
-                        "nvlinks[{k}].{field}: GPU index {g} does not exist (indexes are 0-{})",
-                        count - 1
-                    ));
-                }
-            }
-            if a == b {
-                return Err(format!(
-                    "nvlinks[{k}]: a link joins two different GPUs, got a = b = {a}"
-                ));
-            }
             for (from, to) in [(a, b), (b, a)] {
                 let remote = devices[to as usize].pci_bus_id.clone();
                 let links = &mut devices[from as usize].nvlinks;
@@ -1060,11 +952,17 @@ mod tests {
         .unwrap_err();
         assert_eq!(
             err,
-            "nvlinks[0].b: GPU index 3 does not exist (indexes are 0-0)"
+            "<shape of t>: nvlinks[0].b: GPU index 3 does not exist (accepted: 0..1)"
         );
         let err = SimBackend::from_yaml("gpus: [{model: X, memory_mib: 0}]", "t").unwrap_err();
-        assert!(err.starts_with("gpus[0].memory_mib"), "{err}");
+        assert!(err.starts_with("<shape of t>: gpus[0].memory_mib"), "{err}");
         let err = SimBackend::from_yaml("gpus: [{model: X}]", "t").unwrap_err();
         assert!(err.contains("memory_mib"), "{err}");
+        let err = SimBackend::from_yaml("gpus: []", "t").unwrap_err();
+        assert!(err.starts_with("gpus: "), "{err}");
+        let err = SimBackend::from_file("/nonexistent/x.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("/nonexistent/x.yaml"), "{err}");
     }
 }

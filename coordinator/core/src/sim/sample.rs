@@ -9,11 +9,11 @@ use thiserror::Error;
 
 use crate::cycle::CycleConfig;
 
-use super::gpushape::{YamlError, bundled_dir};
 use super::plot::{Series, line_chart};
 use super::policy::Policy;
 use super::replay::{ReplayOutcome, replay};
 use super::workload::Workload;
+use tessera_gpushape::{YamlError, bundled_dir};
 
 /// Failure of a workload run.
 #[derive(Debug, Error)]
@@ -49,7 +49,7 @@ pub fn run_sample(path: &Path) -> Result<String, RunError> {
     if path.exists() {
         return run_workload(path, Policy::Tessera, None, None, false);
     }
-    let w: Workload = super::gpushape::parse_yaml("<bundled sample.yaml>", SAMPLE)?;
+    let w: Workload = tessera_gpushape::parse_yaml("<bundled sample.yaml>", SAMPLE)?;
     let loaded = w.resolve("<bundled sample.yaml>", &bundled_dir())?;
     Ok(human(&replay(&loaded, &CycleConfig::default()), false))
 }

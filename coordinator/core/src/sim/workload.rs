@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use crate::model::{Node, Pod, PodGroup, Queue, QueueResource};
 
-use super::gpushape::{YamlError, load_named, parse_yaml, read};
+use tessera_gpushape::{YamlError, load_named, parse_yaml, read};
 
 /// A whole workload file.
 #[derive(Clone, Debug, Deserialize)]
@@ -227,9 +227,14 @@ impl Workload {
                         ));
                     };
                     let s = s?;
+                    let shape_file = format!("{shape}.yaml");
                     let prefix = e.name.clone().unwrap_or_else(|| shape.clone());
                     for k in 0..e.count {
-                        nodes.push(s.node(&format!("{prefix}-{k}")));
+                        nodes.push(super::gpushape::node(
+                            &s,
+                            &shape_file,
+                            &format!("{prefix}-{k}"),
+                        )?);
                     }
                 }
                 None => {
@@ -404,7 +409,7 @@ impl Workload {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::gpushape::bundled_dir;
+    use tessera_gpushape::bundled_dir;
 
     fn load(text: &str) -> Result<Loaded, YamlError> {
         let w: Workload = parse_yaml("w.yaml", text)?;
