@@ -8,9 +8,9 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-use tessera_coordinator::sim::experiment::{FillSpec, PolicyRun, prepare, run_policy};
-use tessera_coordinator::sim::policy::{Policy, parse_policies};
-use tessera_coordinator::sim::{plot, report, sample};
+use tessera_sim::experiment::{FillSpec, PolicyRun, prepare, run_policy};
+use tessera_sim::policy::{Policy, parse_policies};
+use tessera_sim::{plot, report, sample};
 
 /// Tessera coordinator: gang, fair-share and fragmentation-aware GPU scheduling.
 #[derive(Parser, Debug)]

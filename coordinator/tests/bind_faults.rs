@@ -18,7 +18,7 @@ use tessera_contract::keys::{
 use tessera_coordinator::cluster::binder::{BindFailure, BindTarget, Binder, UnitOutcome};
 use tessera_coordinator::cluster::events::EventWriter;
 use tessera_coordinator::cluster::gate;
-use tessera_coordinator::model::{Assignment, ContainerAssignment, GpuSlice};
+use tessera_core::model::{Assignment, ContainerAssignment, GpuSlice};
 use tessera_testcluster::{Cluster, ClusterOptions};
 use tokio::sync::watch;
 

@@ -10,10 +10,10 @@ use k8s_openapi::api::scheduling::v1::PriorityClass;
 use k8s_openapi::api::storage::v1::StorageClass;
 use serde_json::{Value, json};
 use tessera_coordinator::crd::{PodGroup, Queue, Topology};
-use tessera_coordinator::model::{
+use tessera_coordinator::translate::{self, Inputs};
+use tessera_core::model::{
     Gpu, PodGroup as ModelGroup, Requirement, SelectorOp, Taint, TaintEffect,
 };
-use tessera_coordinator::translate::{self, Inputs};
 
 fn kpod(name: &str, meta: Value, spec: Value) -> KubePod {
     let mut m = json!({"name": name, "namespace": "ns", "uid": name,

@@ -8,13 +8,13 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod as KubePod;
 use serde_json::{Value, json};
 use tessera_contract::keys;
-use tessera_coordinator::model::{
+use tessera_coordinator::translate::GroupSource;
+use tessera_coordinator::translate::pod::{PodContext, TranslatedPod, translate};
+use tessera_core::model::{
     Assignment, GpuShare, HostPort, InclusionPolicy, InputError, Isolation, LabelSelector,
     NamespaceScope, NodeSelectorTerm, PodAffinityTerm, PreferredNodeTerm, Requirement, SelectorOp,
     SpreadConstraint, TaintEffect, Toleration, TolerationOp, WeightedPodTerm,
 };
-use tessera_coordinator::translate::GroupSource;
-use tessera_coordinator::translate::pod::{PodContext, TranslatedPod, translate};
 
 fn ctx() -> PodContext {
     PodContext {

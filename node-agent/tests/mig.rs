@@ -16,6 +16,7 @@ use tessera_agent::gpu::{GpuBackend, MigInstance};
 use tessera_agent::ledger::PodRef;
 use tessera_contract::Isolation;
 use tessera_device_plugin::testing::PluginConnection;
+use tessera_testcluster::until;
 use tonic::Code;
 
 const EVENTUALLY: Duration = Duration::from_secs(20);
@@ -82,14 +83,6 @@ fn release(h: &Harness, slot: &str) {
     assert_eq!(gone.len(), 1, "{slot} was not held");
 }
 
-async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + EVENTUALLY;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 fn pair(profile: &str, start: u32) -> (String, u32) {
     (profile.to_owned(), start)
 }
@@ -149,8 +142,8 @@ async fn mig_pods_get_instances_that_go_with_them() {
     h.sim.set_mig_processes(&a_mig, 1);
     source.unbind(&PodRef::new("ml", "a"));
     release(&h, &format!("{g1}-0"));
-    let until = Instant::now() + Duration::from_millis(500);
-    while Instant::now() < until {
+    let watch_until = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < watch_until {
         assert_eq!(
             instances(&h, &g1).len(),
             2,
@@ -160,7 +153,7 @@ async fn mig_pods_get_instances_that_go_with_them() {
     }
     // The process ends: the instance is destroyed, and the 3g fits again.
     h.sim.set_mig_processes(&a_mig, 0);
-    eventually("pod a's instance is destroyed", || {
+    until("pod a's instance is destroyed", || {
         instances(&h, &g1).len() == 1
     })
     .await;
@@ -177,7 +170,7 @@ async fn mig_pods_get_instances_that_go_with_them() {
     // When pod d goes, only its own instance goes.
     source.unbind(&PodRef::new("ml", "d"));
     release(&h, &format!("{g2}-0"));
-    eventually("pod d's instance is destroyed", || {
+    until("pod d's instance is destroyed", || {
         instances(&h, &g2).len() == 1
     })
     .await;

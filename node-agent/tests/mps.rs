@@ -7,7 +7,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{Harness, bind_isolated, share};
 use tessera_agent::assignments::StaticAssignments;
@@ -15,9 +15,8 @@ use tessera_agent::enforce::mps::{MpsConfig, PID_FILE};
 use tessera_agent::ledger::PodRef;
 use tessera_contract::Isolation;
 use tessera_device_plugin::testing::PluginConnection;
+use tessera_testcluster::until;
 use tonic::Code;
-
-const EVENTUALLY: Duration = Duration::from_secs(20);
 
 /// Writes the stand-in control program into `dir`; returns it and the file it records to.
 fn stand_in(dir: &Path) -> (PathBuf, PathBuf) {
@@ -89,14 +88,6 @@ fn kill(pid: u32) {
     let _ = std::process::Command::new("kill")
         .args(["-9", &pid.to_string()])
         .status();
-}
-
-async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + EVENTUALLY;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn lines(record: &Path, needle: &str) -> usize {
@@ -192,7 +183,7 @@ async fn one_daemon_per_gpu_started_on_demand_restarted_and_stopped_when_idle() 
 
     // A daemon that dies while its pods run is restarted.
     kill(first);
-    eventually("GPU 0's daemon is restarted", || {
+    until("GPU 0's daemon is restarted", || {
         pid_in(&pipe(&g0)).is_some_and(|p| p != first && alive(p))
     })
     .await;
@@ -209,11 +200,11 @@ async fn one_daemon_per_gpu_started_on_demand_restarted_and_stopped_when_idle() 
             .unwrap();
     }
     let quit = format!("command=quit pipe={}", pipe(&g0).display());
-    eventually("GPU 0's idle daemon is told to quit", || {
+    until("GPU 0's idle daemon is told to quit", || {
         lines(&record, &quit) == 1
     })
     .await;
-    eventually("GPU 0's daemon exits", || !alive(second)).await;
+    until("GPU 0's daemon exits", || !alive(second)).await;
     let g1_pid = pid_in(&pipe(&g1)).unwrap();
     assert!(alive(g1_pid));
     assert_eq!(lines(&record, "command=quit"), 1);

@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use tessera_proto::tessera::v1 as pb;
 use tokio::sync::{mpsc, watch};
 
-use crate::model::{Gpu, MigInstance};
+use tessera_core::model::{Gpu, MigInstance};
 
 /// What one node's agent last reported.
 #[derive(Clone, Debug)]

@@ -7,8 +7,8 @@
 //! default node selector) or advertising `nvidia.com/gpu` in its allocatable (a device plugin
 //! registered with its kubelet). A GPU node from which no agent reports GPUs is named.
 
-use crate::model::Node;
 use k8s_openapi::api::core::v1::Node as KubeNode;
+use tessera_core::model::Node;
 
 use super::cache::Store;
 use tessera_contract::keys::GPU_RESOURCE;
@@ -99,9 +99,9 @@ fn is_gpu_node(node: &KubeNode) -> bool {
 mod tests {
     use std::sync::Arc;
 
-    use crate::model::Node;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use serde_json::json;
+    use tessera_core::model::Node;
 
     use super::*;
 

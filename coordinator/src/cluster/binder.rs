@@ -25,10 +25,10 @@ use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 
 use super::events::{self, EventKind, EventWriter};
 use super::gate::NotLeading;
-use crate::model::Assignment;
 use tessera_contract::keys::{
     ASSIGNED_AT as ASSIGNED_AT_ANNOTATION, ASSIGNMENT as ASSIGNMENT_ANNOTATION,
 };
+use tessera_core::model::Assignment;
 
 /// One pod to bind.
 #[derive(Clone, Debug, PartialEq)]

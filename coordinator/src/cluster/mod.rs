@@ -26,8 +26,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::agents::{AgentRegistry, Authenticator};
-use crate::cycle::CycleConfig;
 use crate::ops::Metrics;
+use tessera_core::cycle::CycleConfig;
 
 /// Failures starting the coordinator.
 #[derive(Debug, thiserror::Error)]

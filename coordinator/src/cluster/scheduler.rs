@@ -1,4 +1,4 @@
-//! The leader-only scheduling loop: snapshot → [`crate::cycle::schedule`] → binder and status.
+//! The leader-only scheduling loop: snapshot → [`tessera_core::cycle::schedule`] → binder and status.
 //!
 //! A cycle runs when the cache or the agents changed, and at least every `cycle_interval`.
 //! Only the replica holding the Lease runs cycles; standbys keep their caches warm. Whatever
@@ -48,9 +48,9 @@ use super::plan::{Eviction, Now, Planner, Rollback, Write};
 use super::snapshot::{self, BuildContext};
 use super::status::StatusWriter;
 use crate::agents::AgentRegistry;
-use crate::cycle::{Decisions, schedule};
-use crate::model::Resource;
 use crate::ops::{Metrics, QueueSample};
+use tessera_core::cycle::{Decisions, schedule};
+use tessera_core::model::Resource;
 
 /// Changes arriving in a burst (a Job creating its pods) are taken in one cycle.
 const SETTLE: Duration = Duration::from_millis(30);
@@ -328,8 +328,8 @@ fn now() -> Now {
 }
 
 /// A short metric label for why a pod is pending.
-fn pending_category(p: &crate::cycle::PendingExplanation) -> &'static str {
-    use crate::cycle::Reason;
+fn pending_category(p: &tessera_core::cycle::PendingExplanation) -> &'static str {
+    use tessera_core::cycle::Reason;
     let Some((reason, _)) = p.reasons.iter().max_by_key(|(_, n)| *n) else {
         return "unknown";
     };

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use super::cache::Store;
 use crate::agents::AgentNode;
-use crate::model::{Assignment, ContainerAssignment, GpuSlice, Placement, Pod};
 use crate::translate::{self, Inputs, Translated};
+use tessera_core::model::{Assignment, ContainerAssignment, GpuSlice, Placement, Pod};
 
 /// What this replica knows beyond the cache.
 #[derive(Clone, Debug, Default)]
@@ -156,7 +156,7 @@ fn fill_from_occupancy(pod: &mut Pod, agents: &BTreeMap<&str, &AgentNode>) {
 mod tests {
     use super::*;
     use crate::agents::{GpuOccupancy, ShareInfo};
-    use crate::model::Gpu;
+    use tessera_core::model::Gpu;
 
     fn agent() -> AgentNode {
         let mut occupancy = BTreeMap::new();

@@ -23,8 +23,8 @@ use crate::crd::{
     Condition, PodGroup, PodGroupStatus, Queue, QueueStatus, ResourceAmounts, Topology,
     TopologyStatus,
 };
-use crate::cycle::{Decisions, Reason};
 use crate::translate::Translated;
+use tessera_core::cycle::{Decisions, Reason};
 
 /// `PodScheduled` condition reason for a pod that cannot be placed.
 pub const UNSCHEDULABLE: &str = "Unschedulable";

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod as KubePod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
-use crate::model::DisruptionBudget;
+use tessera_core::model::DisruptionBudget;
 
 use super::constraints::label_selector;
 

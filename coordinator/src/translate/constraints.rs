@@ -30,7 +30,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector as KubeSelector;
 
 use super::requests::{self, MilliAmounts};
-use crate::model::{
+use tessera_core::model::{
     HostPort, InclusionPolicy, InputError, LabelSelector, NamespaceScope, NodeSelector,
     NodeSelectorTerm, PodAffinityTerm, PodConstraints, PreferredNodeTerm, Requirement, SelectorOp,
     SpreadConstraint, TaintEffect, Toleration, TolerationOp, WeightedPodTerm,

@@ -14,8 +14,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 
 use super::requests::is_restartable;
-use crate::model::{Assignment, ContainerAssignment, GpuSlice};
 use tessera_contract::pod::{allocation_order, container_gpus};
+use tessera_core::model::{Assignment, ContainerAssignment, GpuSlice};
 
 /// Whole GPUs a container asks for, 0 when unreadable (which the pod's translation reports).
 fn gpus_of(c: &Container) -> usize {

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use crate::crd::{PodGroup as PodGroupCrd, Topology};
-use crate::model::{InputError, PodGroup};
+use tessera_core::model::{InputError, PodGroup};
 
 use super::pod::{GroupSource, TranslatedPod};
 use super::topology::resolve;

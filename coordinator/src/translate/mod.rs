@@ -28,8 +28,8 @@ use k8s_openapi::api::storage::v1::StorageClass;
 
 use crate::crd::validate::{self, Problem};
 use crate::crd::{PodGroup as PodGroupCrd, Queue as QueueCrd, Topology};
-use crate::model::{Gpu, InputError, Queue, Snapshot};
 use tessera_contract::keys;
+use tessera_core::model::{Gpu, InputError, Queue, Snapshot};
 
 pub use group::{GroupContext, groups};
 pub use pod::{GroupSource, PodContext, TranslatedPod};

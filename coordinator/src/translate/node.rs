@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Node as KubeNode;
 
 use super::requests;
 use crate::crd::quantity::{self, Round};
-use crate::model::{Gpu, Node, NodeConstraints, Taint, TaintEffect};
+use tessera_core::model::{Gpu, Node, NodeConstraints, Taint, TaintEffect};
 
 /// Taint of a node whose Ready condition is False.
 pub const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";

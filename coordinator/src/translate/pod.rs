@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Container, Pod as KubePod};
 
 use crate::crd::quantity::{self, Round};
-use crate::model::{
+use tessera_core::model::{
     Assignment, GpuRequest, GpuShare, InputError, Isolation, Placement, Pod as ModelPod,
 };
 

@@ -2,7 +2,7 @@
 
 use crate::crd::quantity::{QuantityValue, Round};
 use crate::crd::{QuantityQuota, Queue as QueueCrd};
-use crate::model::{Queue, QueueResource};
+use tessera_core::model::{Queue, QueueResource};
 
 /// Translates a Queue object. Malformed values (negative quota or weight, unreadable
 /// quantities) are reported by [`crate::crd::validate::queue`]; here they fall back to the safe

@@ -19,7 +19,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use tessera_contract::keys;
 
 use crate::crd::quantity::{self, Round};
-use crate::model::InputError;
+use tessera_core::model::InputError;
 
 /// Per resource name: thousandths of the resource's base unit (milli-cores for `cpu`,
 /// milli-bytes for `memory`, milli-counts for extended resources).

@@ -1,7 +1,7 @@
 //! Topology CRD → the core's ordered label keys, and level name → label key resolution.
 
 use crate::crd::Topology;
-use crate::model::TopologyLevels;
+use tessera_core::model::TopologyLevels;
 
 /// The Topology in force: the object named `default` when there is one, else the first by name.
 /// (The cluster is expected to hold one; the choice just has to be stable.)

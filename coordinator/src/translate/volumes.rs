@@ -24,7 +24,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::StorageClass;
 
 use super::constraints::{NODE_NAME_FIELD, node_selector_term};
-use crate::model::{InputError, NodeSelector, Requirement, SelectorOp};
+use tessera_core::model::{InputError, NodeSelector, Requirement, SelectorOp};
 
 /// The PV controller's mark of a completed binding.
 pub const BIND_COMPLETED: &str = "pv.kubernetes.io/bind-completed";

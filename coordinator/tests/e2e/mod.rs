@@ -34,7 +34,7 @@ use tessera_coordinator::agents::Authenticator;
 use tessera_coordinator::cluster::leader::LeaseConfig;
 use tessera_coordinator::cluster::{Coordinator, CoordinatorConfig, CoordinatorHandle};
 use tessera_coordinator::crd::{GpuQuota, PodGroup, PodGroupSpec, Queue, QueueSpec};
-use tessera_coordinator::model::Assignment;
+use tessera_core::model::Assignment;
 use tessera_testcluster::{
     Cluster, ClusterOptions, ContainerRecord, LiteNode, NodeOptions as LiteOptions,
 };
@@ -43,31 +43,31 @@ use tokio::task::JoinHandle;
 
 /// A correctness bound for every "eventually", not a speed target: generous because CI runs
 /// several of these clusters at once on two slow cores.
-pub const DEADLINE: Duration = Duration::from_secs(30);
+pub(crate) const DEADLINE: Duration = Duration::from_secs(30);
 /// How often conditions are polled.
 const POLL: Duration = Duration::from_millis(50);
 
 /// Namespace every test object lives in.
-pub const NS: &str = "default";
+pub(crate) const NS: &str = "default";
 /// The scheduler name pods ask for.
-pub const SCHEDULER: &str = "tessera";
+pub(crate) const SCHEDULER: &str = "tessera";
 /// The GPU container of every test pod.
-pub const CONTAINER: &str = "main";
+pub(crate) const CONTAINER: &str = "main";
 
 /// Annotation names of the user contract (SPEC.md), spelled out here on purpose: the tests
 /// check the contract, not the constants of the code under test.
-pub const FRACTION: &str = "tessera.dev/gpu-fraction";
+pub(crate) const FRACTION: &str = "tessera.dev/gpu-fraction";
 /// The PodGroup a pod belongs to.
-pub const POD_GROUP: &str = "tessera.dev/pod-group";
+pub(crate) const POD_GROUP: &str = "tessera.dev/pod-group";
 /// The leaf queue label.
-pub const QUEUE_LABEL: &str = "tessera.dev/queue";
+pub(crate) const QUEUE_LABEL: &str = "tessera.dev/queue";
 /// Written by the coordinator: the exact GPUs per container.
-pub const ASSIGNMENT: &str = "tessera.dev/assignment";
+pub(crate) const ASSIGNMENT: &str = "tessera.dev/assignment";
 
 /// Eight 80 GB A100s joined by NVLink bridges in pairs (0-1, 2-3, 4-5, 6-7) and nothing else,
 /// so a two-GPU pod is NVLink-connected only when it lands on a pair. No `name`: the node
 /// name becomes the shape name, which gives each node its own GPU UUIDs.
-pub const A100_PAIRS: &str = r#"
+pub(crate) const A100_PAIRS: &str = r#"
 cpu_milli: 128000
 memory_mib: 1048576
 nvlinks:
@@ -87,7 +87,7 @@ gpus:
 "#;
 
 /// One 80 GB A100: fractional pods placed here must share it.
-pub const ONE_A100: &str = r#"
+pub(crate) const ONE_A100: &str = r#"
 cpu_milli: 32000
 memory_mib: 262144
 gpus:
@@ -95,7 +95,7 @@ gpus:
 "#;
 
 /// Two 80 GB A100s, no NVLink: 20 `nvidia.com/gpu` slots at the agent's default 10 per GPU.
-pub const TWO_A100: &str = r#"
+pub(crate) const TWO_A100: &str = r#"
 cpu_milli: 64000
 memory_mib: 524288
 gpus:
@@ -104,7 +104,7 @@ gpus:
 "#;
 
 /// What to start.
-pub struct Setup {
+pub(crate) struct Setup {
     /// Nodes: name and simulated GPU shape (YAML text in the `hack/gpus` format).
     pub nodes: Vec<(String, &'static str)>,
     /// Coordinator replicas (leader-elected).
@@ -117,7 +117,7 @@ pub struct Setup {
 
 impl Setup {
     /// Two 8-GPU NVLink-pair nodes (`node-a`, `node-b`) and one coordinator.
-    pub fn two_nodes() -> Setup {
+    pub(crate) fn two_nodes() -> Setup {
         Setup {
             nodes: vec![("node-a".into(), A100_PAIRS), ("node-b".into(), A100_PAIRS)],
             coordinators: 1,
@@ -127,7 +127,7 @@ impl Setup {
     }
 
     /// One 8-GPU NVLink-pair node (`node-a`) and one coordinator.
-    pub fn one_node() -> Setup {
+    pub(crate) fn one_node() -> Setup {
         Setup {
             nodes: vec![("node-a".into(), A100_PAIRS)],
             coordinators: 1,
@@ -137,7 +137,7 @@ impl Setup {
     }
 
     /// One node (`node-a`) with a single GPU and one coordinator.
-    pub fn one_gpu() -> Setup {
+    pub(crate) fn one_gpu() -> Setup {
         Setup {
             nodes: vec![("node-a".into(), ONE_A100)],
             coordinators: 1,
@@ -147,7 +147,7 @@ impl Setup {
     }
 
     /// One node (`node-a`) with two GPUs ([`TWO_A100`]) and one coordinator.
-    pub fn two_gpus() -> Setup {
+    pub(crate) fn two_gpus() -> Setup {
         Setup {
             nodes: vec![("node-a".into(), TWO_A100)],
             coordinators: 1,
@@ -157,20 +157,20 @@ impl Setup {
     }
 
     /// Also runs the real kube-scheduler.
-    pub fn with_kube_scheduler(mut self) -> Setup {
+    pub(crate) fn with_kube_scheduler(mut self) -> Setup {
         self.kube_scheduler = true;
         self
     }
 
     /// Sets the number of coordinator replicas.
-    pub fn coordinators(mut self, n: usize) -> Setup {
+    pub(crate) fn coordinators(mut self, n: usize) -> Setup {
         self.coordinators = n;
         self
     }
 }
 
 /// One kubelet-lite node and the agent that is its device plugin.
-pub struct NodeSlot {
+pub(crate) struct NodeSlot {
     /// Node name.
     pub name: String,
     /// The simulated GPUs the agent reads.
@@ -182,7 +182,7 @@ pub struct NodeSlot {
 
 /// A pod as a watch saw it at one moment, in resourceVersion order.
 #[derive(Clone, Debug)]
-pub struct PodSeen {
+pub(crate) struct PodSeen {
     /// Pod name.
     pub name: String,
     /// `spec.nodeName`.
@@ -196,7 +196,7 @@ pub struct PodSeen {
 }
 
 /// A running end-to-end cluster.
-pub struct E2e {
+pub(crate) struct E2e {
     /// Scratch space: sockets, checkpoints.
     pub dir: TempDir,
     cluster: Option<Cluster>,
@@ -215,7 +215,7 @@ pub struct E2e {
 
 /// Logs of every component go to the test's captured output (shown for failing tests);
 /// `RUST_LOG` selects, `info` for Tessera's crates by default.
-pub fn init_tracing() {
+pub(crate) fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new("warn,tessera_coordinator=info,tessera_agent=info")
     });
@@ -228,7 +228,7 @@ pub fn init_tracing() {
 impl E2e {
     /// Starts the API server, applies the CRDs and the `default` queue (as the Helm chart
     /// does), starts the coordinators, then each node with its agent.
-    pub async fn start(setup: Setup) -> E2e {
+    pub(crate) async fn start(setup: Setup) -> E2e {
         init_tracing();
         let dir = tempfile::tempdir().expect("temporary directory");
         // Pods need their namespace's ServiceAccount, which the real controller creates.
@@ -281,7 +281,7 @@ impl E2e {
     }
 
     /// Starts coordinator replica `i` (`coordinator-<i>`).
-    pub async fn start_coordinator(&self, i: usize) {
+    pub(crate) async fn start_coordinator(&self, i: usize) {
         let config = coordinator_config(i, self.gang_grace_seconds);
         let handle = Coordinator::start(self.client.clone(), config)
             .await
@@ -294,7 +294,7 @@ impl E2e {
     }
 
     /// Index of the replica that leads now, if any.
-    pub fn leader(&self) -> Option<usize> {
+    pub(crate) fn leader(&self) -> Option<usize> {
         self.coordinators
             .lock()
             .iter()
@@ -302,7 +302,7 @@ impl E2e {
     }
 
     /// Waits until exactly one live replica leads and returns it.
-    pub async fn wait_leader(&self) -> usize {
+    pub(crate) async fn wait_leader(&self) -> usize {
         self.wait_until("one coordinator to lead", || async {
             let all = self.coordinators.lock();
             let leaders: Vec<usize> = all
@@ -317,7 +317,7 @@ impl E2e {
     }
 
     /// Kills replica `i` abruptly: its tasks are aborted and its Lease is not released.
-    pub fn kill_coordinator(&self, i: usize) {
+    pub(crate) fn kill_coordinator(&self, i: usize) {
         let handle = self.coordinators.lock()[i]
             .take()
             .unwrap_or_else(|| panic!("coordinator-{i} is not running"));
@@ -332,7 +332,7 @@ impl E2e {
     }
 
     /// Live replicas.
-    pub fn live_coordinators(&self) -> usize {
+    pub(crate) fn live_coordinators(&self) -> usize {
         self.coordinators.lock().iter().flatten().count()
     }
 
@@ -354,12 +354,12 @@ impl E2e {
     }
 
     /// Pods in the test namespace.
-    pub fn pods(&self) -> Api<Pod> {
+    pub(crate) fn pods(&self) -> Api<Pod> {
         Api::namespaced(self.client.clone(), NS)
     }
 
     /// Creates a pod.
-    pub async fn create(&self, pod: PodBuilder) -> Pod {
+    pub(crate) async fn create(&self, pod: PodBuilder) -> Pod {
         let name = pod.name.clone();
         self.pods()
             .create(&PostParams::default(), &pod.build())
@@ -368,14 +368,14 @@ impl E2e {
     }
 
     /// Creates pods in order.
-    pub async fn create_all(&self, pods: impl IntoIterator<Item = PodBuilder>) {
+    pub(crate) async fn create_all(&self, pods: impl IntoIterator<Item = PodBuilder>) {
         for pod in pods {
             self.create(pod).await;
         }
     }
 
     /// Creates a top-level queue with `gpu_quota` deserved GPUs and weight 1.
-    pub async fn create_queue(&self, name: &str, gpu_quota: f64) {
+    pub(crate) async fn create_queue(&self, name: &str, gpu_quota: f64) {
         let queues: Api<Queue> = Api::all(self.client.clone());
         let queue = Queue::new(
             name,
@@ -395,7 +395,7 @@ impl E2e {
     }
 
     /// Creates a PodGroup.
-    pub async fn create_pod_group(
+    pub(crate) async fn create_pod_group(
         &self,
         name: &str,
         min_member: i32,
@@ -420,7 +420,7 @@ impl E2e {
 
     /// Polls `probe` until it answers, failing the test with a picture of the cluster after
     /// [`DEADLINE`].
-    pub async fn wait_until<T, F, Fut>(&self, what: &str, probe: F) -> T
+    pub(crate) async fn wait_until<T, F, Fut>(&self, what: &str, probe: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Option<T>>,
@@ -430,7 +430,7 @@ impl E2e {
 
     /// Waits until every pod in `names` runs (bound, admitted by its hollow kubelet, which
     /// means its agent allocated it); fails at once if one of them failed.
-    pub async fn wait_running(&self, names: &[String]) -> Vec<Pod> {
+    pub(crate) async fn wait_running(&self, names: &[String]) -> Vec<Pod> {
         let what = format!("pods {names:?} to run");
         self.wait_until(&what, || async {
             let mut out = Vec::new();
@@ -457,7 +457,7 @@ impl E2e {
 
     /// Waits until `name` carries `PodScheduled=False, reason=Unschedulable` and returns
     /// its message.
-    pub async fn wait_unschedulable(&self, name: &str) -> String {
+    pub(crate) async fn wait_unschedulable(&self, name: &str) -> String {
         self.wait_until(
             &format!("pod {name} to be marked Unschedulable"),
             || async {
@@ -469,7 +469,7 @@ impl E2e {
     }
 
     /// The pod now.
-    pub async fn pod(&self, name: &str) -> Pod {
+    pub(crate) async fn pod(&self, name: &str) -> Pod {
         self.pods()
             .get(name)
             .await
@@ -477,7 +477,7 @@ impl E2e {
     }
 
     /// Events about pod `name`: (reason, message).
-    pub async fn events_of(&self, name: &str) -> Vec<(String, String)> {
+    pub(crate) async fn events_of(&self, name: &str) -> Vec<(String, String)> {
         let events: Api<Event> = Api::namespaced(self.client.clone(), NS);
         let list = events
             .list(&ListParams::default())
@@ -492,7 +492,7 @@ impl E2e {
 
     /// Every container any kubelet (any incarnation) started, with what its device
     /// plugin gave it, and the node it ran on.
-    pub fn containers(&self) -> Vec<(String, ContainerRecord)> {
+    pub(crate) fn containers(&self) -> Vec<(String, ContainerRecord)> {
         self.nodes
             .iter()
             .flat_map(|slot| {
@@ -504,7 +504,7 @@ impl E2e {
 
     /// The one container record of pod `name` (fails when the pod's container was started
     /// more than once or never).
-    pub fn container_of(&self, name: &str) -> (String, ContainerRecord) {
+    pub(crate) fn container_of(&self, name: &str) -> (String, ContainerRecord) {
         let mut found: Vec<(String, ContainerRecord)> = self
             .containers()
             .into_iter()
@@ -520,7 +520,7 @@ impl E2e {
 
     /// Checks that pod `pod` runs on the node its binding names with exactly the GPUs,
     /// memory and compute of its `tessera.dev/assignment`, and returns the assignment.
-    pub fn assert_got_assignment(&self, pod: &Pod) -> Assignment {
+    pub(crate) fn assert_got_assignment(&self, pod: &Pod) -> Assignment {
         let name = pod.metadata.name.clone().unwrap_or_default();
         let assignment = assignment_of(pod);
         let bound = pod
@@ -550,7 +550,7 @@ impl E2e {
     }
 
     /// The node slot named `name`.
-    pub fn slot(&self, name: &str) -> &NodeSlot {
+    pub(crate) fn slot(&self, name: &str) -> &NodeSlot {
         self.nodes
             .iter()
             .find(|s| s.name == name)
@@ -569,7 +569,7 @@ impl E2e {
     /// knows it before the kubelet can ask (a wait there would hold up the node's serial
     /// admissions for up to 5 s). Judged on the agents' own histogram: every wait is in a
     /// bucket below the bound, whatever its length on this machine.
-    pub fn assert_no_admission_waited_out(&self) {
+    pub(crate) fn assert_no_admission_waited_out(&self) {
         for slot in &self.nodes {
             let Some(agent) = &slot.agent else { continue };
             let text = agent.node().metrics.render(agent.node());
@@ -599,7 +599,7 @@ impl E2e {
     }
 
     /// The agent of `node`.
-    pub fn agent(&self, node: &str) -> &Agent {
+    pub(crate) fn agent(&self, node: &str) -> &Agent {
         self.slot(node)
             .agent
             .as_ref()
@@ -608,7 +608,7 @@ impl E2e {
 
     /// Stops the agent of `node` (its plugin socket goes away, its checkpoint stays) and
     /// starts a new one on the same directories, as a DaemonSet pod restart does.
-    pub async fn restart_agent(&mut self, node: &str) {
+    pub(crate) async fn restart_agent(&mut self, node: &str) {
         let service = self.service;
         let slot = self.slot_mut(node);
         if let Some(agent) = slot.agent.take() {
@@ -622,7 +622,7 @@ impl E2e {
 
     /// Stops the agent of `node`: its plugin socket and its stream to the coordinator go away,
     /// its checkpoint stays.
-    pub async fn stop_agent(&mut self, node: &str) {
+    pub(crate) async fn stop_agent(&mut self, node: &str) {
         let slot = self.slot_mut(node);
         if let Some(agent) = slot.agent.take() {
             agent
@@ -633,7 +633,7 @@ impl E2e {
     }
 
     /// Starts the agent of `node` again on the same directories (checkpoint, sockets).
-    pub async fn start_agent(&mut self, node: &str) {
+    pub(crate) async fn start_agent(&mut self, node: &str) {
         let service = self.service;
         let slot = self.slot_mut(node);
         assert!(slot.agent.is_none(), "the agent of {node} is running");
@@ -644,7 +644,7 @@ impl E2e {
     /// sockets) and starts again on the same directory (the agent must notice the new
     /// `kubelet.sock` and register again); it lists its pods afresh and keeps what it had
     /// admitted, from the device manager's checkpoint.
-    pub async fn restart_kubelet(&mut self, node: &str) {
+    pub(crate) async fn restart_kubelet(&mut self, node: &str) {
         let slot = self.slot_mut(node);
         let kubelet = slot.kubelet.as_mut().expect("the kubelet runs");
         tokio::task::block_in_place(|| kubelet.restart());
@@ -653,7 +653,7 @@ impl E2e {
     /// Waits until the kubelet of `node` has the agent's GPU slots again (its pod-resources
     /// API lists them as allocatable): after a kubelet restart, pods it admits before then
     /// fail with "no healthy devices present", as on a real node.
-    pub async fn wait_kubelet_has_the_agents_devices(&self, node: &str) {
+    pub(crate) async fn wait_kubelet_has_the_agents_devices(&self, node: &str) {
         use tessera_proto::podresources::v1 as pr;
         let socket = self
             .slot(node)
@@ -682,13 +682,13 @@ impl E2e {
     }
 
     /// Everything the pod watch saw, in order.
-    pub fn history(&self) -> Vec<PodSeen> {
+    pub(crate) fn history(&self) -> Vec<PodSeen> {
         self.history.lock().clone()
     }
 
     /// Waits until the pod watch has seen a pod change that `seen` accepts (polled often, so
     /// that the caller can act "in the middle" of what the coordinator is doing).
-    pub async fn wait_seen(&self, what: &str, seen: impl Fn(&PodSeen) -> bool) {
+    pub(crate) async fn wait_seen(&self, what: &str, seen: impl Fn(&PodSeen) -> bool) {
         let deadline = tokio::time::Instant::now() + DEADLINE;
         while !self.history.lock().iter().any(&seen) {
             if tokio::time::Instant::now() >= deadline {
@@ -704,7 +704,7 @@ impl E2e {
     /// Checks the binding history: no pod ever moved to another node, and no pod's
     /// assignment changed once it was bound (the agent allocates from the annotation, so a
     /// changed one means two decisions for one pod).
-    pub fn assert_bound_at_most_once(&self) {
+    pub(crate) fn assert_bound_at_most_once(&self) {
         let mut bound: BTreeMap<String, (String, Option<String>)> = BTreeMap::new();
         for seen in self.history() {
             if seen.deleted {
@@ -735,7 +735,7 @@ impl E2e {
     /// Checks that every pod of `names` was bound, and that none was ever seen bound without
     /// its assignment or with an assignment before it was bound: the Binding carries the
     /// assignment onto the pod in the same write.
-    pub fn assert_bound_with_assignment_in_one_write(&self, names: &[String]) {
+    pub(crate) fn assert_bound_with_assignment_in_one_write(&self, names: &[String]) {
         let history = self.history();
         for name in names {
             let seen: Vec<_> = history.iter().filter(|s| &s.name == name).collect();
@@ -756,7 +756,7 @@ impl E2e {
     }
 
     /// A picture of the cluster for failure messages.
-    pub async fn describe(&self) -> String {
+    pub(crate) async fn describe(&self) -> String {
         let mut out = String::new();
         let leaders: Vec<String> = self
             .coordinators
@@ -807,7 +807,7 @@ impl E2e {
     }
 
     /// Stops everything: coordinators, agents, kubelets, then the API server.
-    pub async fn shutdown(mut self) {
+    pub(crate) async fn shutdown(mut self) {
         let handles: Vec<CoordinatorHandle> =
             self.coordinators.lock().drain(..).flatten().collect();
         for handle in handles {
@@ -845,7 +845,7 @@ fn coordinator_config(i: usize, gang_grace_seconds: u64) -> CoordinatorConfig {
         authenticator: Authenticator::Disabled,
         agent_timeout: Duration::from_secs(15),
         cycle_interval: Duration::from_millis(100),
-        cycle: tessera_coordinator::cycle::CycleConfig {
+        cycle: tessera_core::cycle::CycleConfig {
             gang_grace_seconds,
             ..defaults.cycle.clone()
         },
@@ -1039,7 +1039,7 @@ async fn start_agent(slot: &NodeSlot, service: SocketAddr) -> Agent {
 
 /// A test pod.
 #[derive(Clone, Debug)]
-pub struct PodBuilder {
+pub(crate) struct PodBuilder {
     name: String,
     gpus: u32,
     annotations: BTreeMap<String, String>,
@@ -1048,7 +1048,7 @@ pub struct PodBuilder {
 }
 
 /// A pod `name` for the tessera scheduler with one container and no GPU yet.
-pub fn pod(name: &str) -> PodBuilder {
+pub(crate) fn pod(name: &str) -> PodBuilder {
     PodBuilder {
         name: name.into(),
         gpus: 0,
@@ -1060,47 +1060,47 @@ pub fn pod(name: &str) -> PodBuilder {
 
 impl PodBuilder {
     /// `nvidia.com/gpu: n`.
-    pub fn gpus(mut self, n: u32) -> Self {
+    pub(crate) fn gpus(mut self, n: u32) -> Self {
         self.gpus = n;
         self
     }
 
     /// One GPU, with `tessera.dev/gpu-fraction: <fraction>`.
-    pub fn fraction(self, fraction: &str) -> Self {
+    pub(crate) fn fraction(self, fraction: &str) -> Self {
         self.gpus(1).annotation(FRACTION, fraction)
     }
 
     /// Member of PodGroup `group`.
-    pub fn group(self, group: &str) -> Self {
+    pub(crate) fn group(self, group: &str) -> Self {
         self.annotation(POD_GROUP, group)
     }
 
     /// In leaf queue `queue`.
-    pub fn queue(self, queue: &str) -> Self {
+    pub(crate) fn queue(self, queue: &str) -> Self {
         self.label(QUEUE_LABEL, queue)
     }
 
     /// Adds an annotation.
-    pub fn annotation(mut self, key: &str, value: &str) -> Self {
+    pub(crate) fn annotation(mut self, key: &str, value: &str) -> Self {
         self.annotations.insert(key.into(), value.into());
         self
     }
 
     /// Adds a label.
-    pub fn label(mut self, key: &str, value: &str) -> Self {
+    pub(crate) fn label(mut self, key: &str, value: &str) -> Self {
         self.labels.insert(key.into(), value.into());
         self
     }
 
     /// Sets a field of the pod's spec as the API spells it (`affinity`, `tolerations`,
     /// `schedulingGates`, `topologySpreadConstraints`, ...).
-    pub fn spec_field(mut self, key: &str, value: serde_json::Value) -> Self {
+    pub(crate) fn spec_field(mut self, key: &str, value: serde_json::Value) -> Self {
         self.spec.insert(key.into(), value);
         self
     }
 
     /// The pod object.
-    pub fn build(&self) -> Pod {
+    pub(crate) fn build(&self) -> Pod {
         let mut resources = json!({"requests": {"cpu": "100m", "memory": "128Mi"}});
         if self.gpus > 0 {
             resources["limits"] = json!({"nvidia.com/gpu": self.gpus.to_string()});
@@ -1125,17 +1125,17 @@ impl PodBuilder {
 }
 
 /// Number of GPUs of a simulated machine.
-pub fn gpu_count(sim: &SimBackend) -> u32 {
+pub(crate) fn gpu_count(sim: &SimBackend) -> u32 {
     (0..).take_while(|&i| sim.uuid_of(i).is_some()).count() as u32
 }
 
 /// `prefix-0` .. `prefix-{n-1}`.
-pub fn names(prefix: &str, n: usize) -> Vec<String> {
+pub(crate) fn names(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}-{i}")).collect()
 }
 
 /// The pod's `tessera.dev/assignment`, parsed.
-pub fn assignment_of(pod: &Pod) -> Assignment {
+pub(crate) fn assignment_of(pod: &Pod) -> Assignment {
     let name = pod.metadata.name.as_deref().unwrap_or("");
     let text = pod
         .metadata
@@ -1147,17 +1147,17 @@ pub fn assignment_of(pod: &Pod) -> Assignment {
 }
 
 /// The node a pod is bound to.
-pub fn node_of(pod: &Pod) -> Option<String> {
+pub(crate) fn node_of(pod: &Pod) -> Option<String> {
     pod.spec.as_ref().and_then(|s| s.node_name.clone())
 }
 
 /// The message of a `PodScheduled=False, reason=Unschedulable` condition.
-pub fn unschedulable_message(pod: &Pod) -> Option<String> {
+pub(crate) fn unschedulable_message(pod: &Pod) -> Option<String> {
     pod_scheduled_false(pod, "Unschedulable")
 }
 
 /// The message of a `PodScheduled=False` condition with `reason`.
-pub fn pod_scheduled_false(pod: &Pod, reason: &str) -> Option<String> {
+pub(crate) fn pod_scheduled_false(pod: &Pod, reason: &str) -> Option<String> {
     pod.status
         .as_ref()?
         .conditions
@@ -1172,9 +1172,9 @@ pub fn pod_scheduled_false(pod: &Pod, reason: &str) -> Option<String> {
 /// Checks what the device plugin gave a container against its assignment: the same GPUs,
 /// each with the assigned memory limit and compute share, and the kubelet's slots on exactly
 /// those GPUs. `Allocate` lists GPUs in slot order, so both sides are compared as sets.
-pub fn assert_record_matches(
+pub(crate) fn assert_record_matches(
     record: &ContainerRecord,
-    wanted: &[tessera_coordinator::model::GpuSlice],
+    wanted: &[tessera_core::model::GpuSlice],
 ) {
     let list = |key: &str| -> Vec<String> {
         record

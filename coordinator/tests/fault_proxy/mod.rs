@@ -30,11 +30,11 @@ use tokio::task::JoinHandle;
 
 /// Something run against the API server, with the admin client and the pod's name, just
 /// before that pod's Binding is forwarded.
-pub type Action = Arc<dyn Fn(kube::Client, String) -> BoxFuture<'static, ()> + Send + Sync>;
+pub(crate) type Action = Arc<dyn Fn(kube::Client, String) -> BoxFuture<'static, ()> + Send + Sync>;
 
 /// What the proxy does to one Binding.
 #[derive(Clone)]
-pub enum Fault {
+pub(crate) enum Fault {
     /// Answers 429 as API Priority and Fairness does (no causes, a retry-after) and forwards
     /// nothing: the pod is not bound.
     Throttle,
@@ -65,7 +65,7 @@ struct Shared {
 }
 
 /// The proxy; stops when dropped.
-pub struct FaultProxy {
+pub(crate) struct FaultProxy {
     addr: SocketAddr,
     shared: Arc<Mutex<Shared>>,
     task: JoinHandle<()>,
@@ -79,7 +79,7 @@ impl Drop for FaultProxy {
 
 impl FaultProxy {
     /// Listens on a free local port and forwards to `upstream`.
-    pub async fn start(upstream: kube::Client) -> Self {
+    pub(crate) async fn start(upstream: kube::Client) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind the proxy");
@@ -107,7 +107,7 @@ impl FaultProxy {
     }
 
     /// A client through the proxy, with the coordinator's settings (no client retries).
-    pub fn client(&self) -> kube::Client {
+    pub(crate) fn client(&self) -> kube::Client {
         let url = format!("http://{}", self.addr).parse().expect("proxy URL");
         let mut config = kube::Config::new(url);
         config.default_namespace = "default".into();
@@ -116,38 +116,38 @@ impl FaultProxy {
     }
 
     /// Applies `fault` to the next Binding of pod `name`.
-    pub fn on_binding(&self, name: &str, fault: Fault) {
+    pub(crate) fn on_binding(&self, name: &str, fault: Fault) {
         self.shared.lock().faults.insert(name.to_owned(), fault);
     }
 
     /// Applies `fault` to the `n`th Binding (1-based) the proxy receives from now on, whatever
     /// its pod.
-    pub fn on_nth_binding(&self, n: usize, fault: Fault) {
+    pub(crate) fn on_nth_binding(&self, n: usize, fault: Fault) {
         self.shared.lock().nth = Some((n.saturating_sub(1), fault));
     }
 
     /// Answers the next `n` evictions, of any pod, with 429 as API Priority and Fairness does.
-    pub fn throttle_evictions(&self, n: usize) {
+    pub(crate) fn throttle_evictions(&self, n: usize) {
         self.on_next_evictions(n, Fault::Throttle);
     }
 
     /// Applies `fault` to each of the next `n` evictions, of any pod.
-    pub fn on_next_evictions(&self, n: usize, fault: Fault) {
+    pub(crate) fn on_next_evictions(&self, n: usize, fault: Fault) {
         self.shared.lock().eviction_faults = std::iter::repeat_n(fault, n).collect();
     }
 
     /// The pods whose eviction the proxy received (throttled ones included), in order.
-    pub fn evictions(&self) -> Vec<String> {
+    pub(crate) fn evictions(&self) -> Vec<String> {
         self.shared.lock().evictions.clone()
     }
 
     /// Every request's method and path the proxy received, in order.
-    pub fn requests(&self) -> Vec<(http::Method, String)> {
+    pub(crate) fn requests(&self) -> Vec<(http::Method, String)> {
         self.shared.lock().requests.clone()
     }
 
     /// The pods whose Binding the proxy received, in order.
-    pub fn bindings(&self) -> Vec<String> {
+    pub(crate) fn bindings(&self) -> Vec<String> {
         self.shared.lock().bindings.clone()
     }
 }

@@ -7,7 +7,7 @@ use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair}
 
 /// Writes a new pair to `dir/tls.crt` and `dir/tls.key` (each replacing the old file at once,
 /// as a kubelet updates a Secret volume) and returns the CA's PEM.
-pub fn write_pair(dir: &Path) -> String {
+pub(crate) fn write_pair(dir: &Path) -> String {
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();

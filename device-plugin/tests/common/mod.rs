@@ -11,18 +11,18 @@ use tessera_device_plugin::{
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-pub const RESOURCE: &str = "example.com/gpu";
-pub const WAIT: Duration = Duration::from_secs(5);
+pub(crate) const RESOURCE: &str = "example.com/gpu";
+pub(crate) const WAIT: Duration = Duration::from_secs(5);
 
 /// Slots `gpu0-0..gpu0-3` and `gpu1-0..gpu1-3`; Allocate hands out env vars naming
 /// the devices and refuses unhealthy ones.
-pub struct SlotProvider {
+pub(crate) struct SlotProvider {
     pub devices: DeviceList,
     pub options: PluginOptions,
 }
 
 impl SlotProvider {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let devices = (0..2)
             .flat_map(|gpu| (0..4).map(move |slot| format!("gpu{gpu}-{slot}")))
             .map(|id| tessera_device_plugin::Device::healthy(id).with_numa_node(0))
@@ -128,13 +128,13 @@ impl DeviceProvider for SlotProvider {
 }
 
 /// A plugin server running in a background task until [`RunningPlugin::stop`].
-pub struct RunningPlugin {
+pub(crate) struct RunningPlugin {
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), PluginError>>,
 }
 
 impl RunningPlugin {
-    pub fn start(server: PluginServer) -> Self {
+    pub(crate) fn start(server: PluginServer) -> Self {
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(server.run(async move {
             let _ = stopped.await;
@@ -145,7 +145,7 @@ impl RunningPlugin {
         }
     }
 
-    pub async fn stop(mut self) -> Result<(), PluginError> {
+    pub(crate) async fn stop(mut self) -> Result<(), PluginError> {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -156,12 +156,12 @@ impl RunningPlugin {
     }
 }
 
-pub fn config(dir: &Path) -> PluginConfig {
+pub(crate) fn config(dir: &Path) -> PluginConfig {
     PluginConfig::new(RESOURCE).unwrap().with_socket_dir(dir)
 }
 
 /// Starts a [`SlotProvider`] plugin in `dir`, returning the device list to poke at.
-pub fn start_slot_plugin(dir: &Path) -> (RunningPlugin, DeviceList) {
+pub(crate) fn start_slot_plugin(dir: &Path) -> (RunningPlugin, DeviceList) {
     let provider = SlotProvider::new();
     let devices = provider.devices.clone();
     (

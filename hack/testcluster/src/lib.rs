@@ -28,7 +28,7 @@ pub use binary::{KubePeerError, kube_peer};
 pub use cluster::{AuditRecord, Cluster, ClusterOptions, pod_bound_token};
 pub use node::{ContainerRecord, LiteNode, NodeOptions};
 pub use tools::{HelmOutput, helm, promlint};
-pub use wait::wait_for;
+pub use wait::{eventually, until, wait_for};
 
 /// A correctness bound for waits on the real components, not a speed target: generous because
 /// CI runs several clusters at once on two cores.

@@ -31,3 +31,23 @@ where
         tokio::time::sleep(POLL).await;
     }
 }
+
+/// [`wait_for`] for conditions the test itself holds the whole picture of: the failure
+/// names `what` and nothing more.
+pub async fn eventually<T, F, Fut>(what: &str, probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    wait_for(what, probe, || async { String::new() }).await
+}
+
+/// Polls the synchronous check `done` (a ledger, a file the test reads) until it holds, or
+/// fails after [`DEADLINE`] naming `what`.
+pub async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    eventually(what, || {
+        let held = done();
+        async move { held.then_some(()) }
+    })
+    .await
+}

@@ -12,6 +12,10 @@
 //!   library: `NvLink::remote_device_type` passes NVML a temporary and always returns
 //!   `Unknown`, and `EventSet::wait` drops the MIG instance an XID belongs to.
 
+// The one module that calls C: NVML's raw functions where the wrapper is wrong or silent.
+// Each `unsafe` block says what it relies on.
+#![allow(unsafe_code)]
+
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -17,15 +17,15 @@ use tessera_contract::Isolation;
 use tessera_contract::{Assignment, ContainerAssignment, GpuSlice};
 use tessera_device_plugin::testing::{FakeKubelet, FakePodResources, PluginConnection};
 
-pub const WAIT: Duration = Duration::from_secs(5);
+pub(crate) const WAIT: Duration = Duration::from_secs(5);
 
-pub fn shape(file: &str) -> PathBuf {
+pub(crate) fn shape(file: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../hack/gpus")
         .join(file)
 }
 
-pub struct Harness {
+pub(crate) struct Harness {
     pub dir: TempDir,
     pub kubelet: FakeKubelet,
     pub pod_resources: FakePodResources,
@@ -35,7 +35,7 @@ pub struct Harness {
 
 impl Harness {
     /// A fake kubelet and pod-resources server, and an agent on `file`.
-    pub async fn start(file: &str, source: Arc<dyn AssignmentSource>) -> Harness {
+    pub(crate) async fn start(file: &str, source: Arc<dyn AssignmentSource>) -> Harness {
         let dir = tempfile::tempdir().unwrap();
         for sub in ["dp", "pr", "state"] {
             std::fs::create_dir_all(dir.path().join(sub)).unwrap();
@@ -56,7 +56,7 @@ impl Harness {
         h
     }
 
-    pub fn config(&self, source: Arc<dyn AssignmentSource>) -> AgentConfig {
+    pub(crate) fn config(&self, source: Arc<dyn AssignmentSource>) -> AgentConfig {
         AgentConfig {
             node_name: "node-a".into(),
             backend: Backend::Sim(Arc::clone(&self.sim)),
@@ -82,13 +82,13 @@ impl Harness {
     }
 
     /// A fake `/proc` tree under the temp dir (empty until a test writes cgroups).
-    pub fn proc_root(&self) -> PathBuf {
+    pub(crate) fn proc_root(&self) -> PathBuf {
         self.dir.path().join("proc")
     }
 
     /// Makes `pid` look like a process of the container `container_id` of pod `uid`
     /// (cgroup v2, systemd driver, containerd).
-    pub fn fake_pod_process(&self, pid: u32, uid: &str, container_id: &str) {
+    pub(crate) fn fake_pod_process(&self, pid: u32, uid: &str, container_id: &str) {
         let dir = self.proc_root().join(pid.to_string());
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(
@@ -101,16 +101,16 @@ impl Harness {
         .unwrap();
     }
 
-    pub fn admin_socket(&self) -> PathBuf {
+    pub(crate) fn admin_socket(&self) -> PathBuf {
         self.dir.path().join("admin.sock")
     }
 
-    pub async fn start_agent(&mut self, source: Arc<dyn AssignmentSource>) {
+    pub(crate) async fn start_agent(&mut self, source: Arc<dyn AssignmentSource>) {
         let agent = Agent::start(self.config(source)).await.unwrap();
         self.agent = Some(agent);
     }
 
-    pub async fn stop_agent(&mut self) {
+    pub(crate) async fn stop_agent(&mut self) {
         if let Some(agent) = self.agent.take() {
             agent.stop().await.unwrap();
         }
@@ -118,7 +118,10 @@ impl Harness {
 
     /// Waits until the fake kubelet is connected to a plugin generation other than
     /// `old` (after an agent restart) and returns it.
-    pub async fn new_gpu_plugin(&self, old: &Arc<PluginConnection>) -> Arc<PluginConnection> {
+    pub(crate) async fn new_gpu_plugin(
+        &self,
+        old: &Arc<PluginConnection>,
+    ) -> Arc<PluginConnection> {
         let deadline = tokio::time::Instant::now() + WAIT;
         loop {
             if let Some(p) = self.kubelet.plugin("nvidia.com/gpu")
@@ -137,7 +140,7 @@ impl Harness {
 
     /// Restarts the agent with a configuration `tweak` changes (given the harness
     /// directory), and returns the plugin generation it registers.
-    pub async fn restart_agent_with(
+    pub(crate) async fn restart_agent_with(
         &mut self,
         source: Arc<dyn AssignmentSource>,
         tweak: impl FnOnce(&mut AgentConfig, &Path),
@@ -150,11 +153,11 @@ impl Harness {
         self.new_gpu_plugin(&old).await
     }
 
-    pub fn agent(&self) -> &Agent {
+    pub(crate) fn agent(&self) -> &Agent {
         self.agent.as_ref().unwrap()
     }
 
-    pub async fn gpu_plugin(&self) -> Arc<PluginConnection> {
+    pub(crate) async fn gpu_plugin(&self) -> Arc<PluginConnection> {
         let plugin = self
             .kubelet
             .wait_for_plugin("nvidia.com/gpu", WAIT)
@@ -168,12 +171,12 @@ impl Harness {
         plugin
     }
 
-    pub fn uuid(&self, index: u32) -> String {
+    pub(crate) fn uuid(&self, index: u32) -> String {
         self.sim.uuid_of(index).unwrap().to_owned()
     }
 
     /// Every healthy slot id the plugin advertises right now.
-    pub async fn available(&self, plugin: &PluginConnection) -> Vec<String> {
+    pub(crate) async fn available(&self, plugin: &PluginConnection) -> Vec<String> {
         plugin
             .devices()
             .latest()
@@ -186,7 +189,7 @@ impl Harness {
 }
 
 /// `fraction` of GPU `uuid` (memory `memory_mib`) for container `main`.
-pub fn share(uuid: &str, memory_mib: u64, compute_milli: u32) -> Assignment {
+pub(crate) fn share(uuid: &str, memory_mib: u64, compute_milli: u32) -> Assignment {
     Assignment {
         containers: vec![ContainerAssignment {
             container: "main".into(),
@@ -200,7 +203,7 @@ pub fn share(uuid: &str, memory_mib: u64, compute_milli: u32) -> Assignment {
 }
 
 /// Binds pod `ml/name` (container `main`, one slot) to a share of `gpu` in `isolation`.
-pub fn bind_isolated(
+pub(crate) fn bind_isolated(
     source: &StaticAssignments,
     name: &str,
     created: u64,
@@ -219,10 +222,10 @@ pub fn bind_isolated(
 }
 
 /// The GPU uuid a slot id belongs to.
-pub fn gpu_of(slot: &str) -> &str {
+pub(crate) fn gpu_of(slot: &str) -> &str {
     slot.rsplit_once('-').unwrap().0
 }
 
-pub fn refs(v: &[String]) -> Vec<&str> {
+pub(crate) fn refs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }

@@ -20,7 +20,7 @@ pub(crate) const SHARE_EPS: f64 = 1e-6;
 
 /// Order of queues for allocation and victim search (smaller first).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct QueueKey {
+pub(crate) struct QueueKey {
     /// Negated queue priority.
     pub priority: i32,
     /// At or above deserved quota in every resource.
@@ -31,7 +31,7 @@ pub struct QueueKey {
 
 impl QueueKey {
     /// Total order: priority, starvation, dominant share.
-    pub fn cmp(&self, o: &QueueKey) -> std::cmp::Ordering {
+    pub(crate) fn cmp(&self, o: &QueueKey) -> std::cmp::Ordering {
         self.priority
             .cmp(&o.priority)
             .then(self.satisfied.cmp(&o.satisfied))

@@ -22,7 +22,7 @@ pub struct Job {
 }
 
 /// Builds jobs from the pending pods; pods that cannot form a job get a note.
-pub fn build_jobs(ctx: &Ctx, st: &State, notes: &mut [Option<Reason>]) -> Vec<Job> {
+pub(super) fn build_jobs(ctx: &Ctx, st: &State, notes: &mut [Option<Reason>]) -> Vec<Job> {
     let snap = ctx.snap;
     let mut jobs = Vec::new();
     let pending = |p: u32| !st.orig_bound[p as usize] && snap.pods[p as usize].placement.is_none();

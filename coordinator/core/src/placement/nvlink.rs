@@ -18,7 +18,7 @@ fn group_key(gpus: &[GpuFree], idx: u32) -> u64 {
 
 /// Picks `count` GPUs out of `cands` (indices into `gpus`, in the caller's order of preference
 /// inside a group). Returns the chosen indices and the number of islands they span.
-pub fn pick_set(gpus: &[GpuFree], cands: &[u32], count: usize) -> Option<(Vec<u32>, u32)> {
+pub(super) fn pick_set(gpus: &[GpuFree], cands: &[u32], count: usize) -> Option<(Vec<u32>, u32)> {
     if count == 0 || cands.len() < count {
         return None;
     }
@@ -58,7 +58,7 @@ pub fn pick_set(gpus: &[GpuFree], cands: &[u32], count: usize) -> Option<(Vec<u3
 
 /// Whether taking GPU `idx` alone would split a completely free NVLink island of two or more
 /// GPUs (the kind of set a multi-GPU pod needs later).
-pub fn breaks_free_island(gpus: &[GpuFree], idx: u32) -> bool {
+pub(super) fn breaks_free_island(gpus: &[GpuFree], idx: u32) -> bool {
     let Some(island) = gpus[idx as usize].island else {
         return false;
     };

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use crate::model::Node;
 
 /// Label every node implicitly carries with its own name.
-pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+pub(super) const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 
 /// The domains of one level.
 #[derive(Clone, Debug, Default)]

@@ -10,10 +10,10 @@ use k8s_openapi::api::core::v1::Pod as KubePod;
 
 use super::super::cache::Store;
 use super::{Decided, DecidedState, Now};
-use crate::model::Assignment;
 use tessera_contract::keys::{
     ALLOCATED as ALLOCATED_ANNOTATION, ASSIGNMENT as ASSIGNMENT_ANNOTATION,
 };
+use tessera_core::model::Assignment;
 
 /// How long past its victims' `deletionTimestamp` a decision keeps waiting for them. The API
 /// server sets that time to the deletion request plus the grace period; the kubelet then still

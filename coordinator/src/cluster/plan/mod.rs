@@ -37,9 +37,9 @@ use std::time::{Duration, Instant};
 use super::binder::{BindFailure, BindTarget, EvictTarget, RollbackOutcome, UnitOutcome};
 use super::cache::Store;
 use super::snapshot::Overlay;
-use crate::cycle::{Decisions, EvictionReason};
-use crate::model::{Placement, Snapshot};
 use hold::{Unallocated, held_too_long, is_finished, node_of, victims_gone};
+use tessera_core::cycle::{Decisions, EvictionReason};
+use tessera_core::model::{Placement, Snapshot};
 
 /// Evictions not seen in the cache after this long are forgotten (the next cycle decides
 /// again).
@@ -56,7 +56,7 @@ const ROLLBACK_WATCH: Duration = Duration::from_secs(60);
 /// The time a step runs at, read by the caller: monotonic for this replica's own timers,
 /// wall-clock for what the API server stamps (`deletionTimestamp`) and logical time.
 #[derive(Clone, Copy, Debug)]
-pub struct Now {
+pub(super) struct Now {
     /// For holds, backoffs and memories.
     pub instant: Instant,
     /// For victims' `deletionTimestamp`s.
@@ -65,14 +65,14 @@ pub struct Now {
 
 impl Now {
     /// Logical time: Unix seconds, the clock of pods' creation times, so every replica agrees.
-    pub fn unix_seconds(&self) -> u64 {
+    pub(super) fn unix_seconds(&self) -> u64 {
         self.wall.as_second().max(0) as u64
     }
 }
 
 /// A write for the binder, in the order returned.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Write {
+pub(super) enum Write {
     /// Bind one wave of `unit`, member by member, stopping at the first failure; the outcome
     /// goes to [`Planner::after_bind`].
     Bind {
@@ -95,7 +95,7 @@ pub enum Write {
 
 /// A victim to evict, with why.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Eviction {
+pub(super) struct Eviction {
     /// The pod.
     pub target: EvictTarget,
     /// Where it runs: the decisions held for that node wait for it.
@@ -108,7 +108,7 @@ pub struct Eviction {
 
 /// A member to roll back because its unit could not be bound whole.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Rollback {
+pub(super) struct Rollback {
     /// The Binding this replica made (or asked for): it is rolled back only while the cache
     /// shows the pod bound to that node.
     pub member: BindTarget,
@@ -158,7 +158,7 @@ enum Failure<'a> {
 /// The loop's memory; a new one when leadership changes (the API server's state is then the
 /// only truth).
 #[derive(Debug)]
-pub struct Planner {
+pub(super) struct Planner {
     /// How long a decision may be held when no victim's grace period bounds the wait.
     bind_wait_timeout: Duration,
     decided: BTreeMap<String, Decided>,
@@ -181,7 +181,7 @@ pub struct Planner {
 impl Planner {
     /// Empty memory; a held decision not bound within `bind_wait_timeout` fails its unit
     /// (unless it waits for victims whose grace period bounds the wait).
-    pub fn new(bind_wait_timeout: Duration) -> Self {
+    pub(super) fn new(bind_wait_timeout: Duration) -> Self {
         Self {
             bind_wait_timeout,
             decided: BTreeMap::new(),
@@ -199,7 +199,7 @@ impl Planner {
     /// pending rollbacks whose pod the cache now shows bound where it was meant to be (one
     /// gone, or replaced under its name, is dropped, and so is one still unbound after
     /// [`ROLLBACK_WATCH`]).
-    pub fn begin(&mut self, store: &Store, now: Now) -> Vec<Write> {
+    pub(super) fn begin(&mut self, store: &Store, now: Now) -> Vec<Write> {
         self.expire(store, now);
         let mut due = Vec::new();
         self.rollbacks.retain(|uid, r| match store.pods.get(uid) {
@@ -236,7 +236,7 @@ impl Planner {
 
     /// Binds held decisions whose node is clear, and fails units held too long. `allocated`:
     /// per node, the pods its agent reports allocated.
-    pub fn release_held(
+    pub(super) fn release_held(
         &mut self,
         store: &Store,
         allocated: &BTreeMap<String, BTreeSet<String>>,
@@ -336,7 +336,7 @@ impl Planner {
     /// What became of a [`Write::Bind`]: the members bound are bound (and not rolled back
     /// for an earlier unanswered Binding any more); a failure of any kind fails the unit
     /// through [`Planner::fail_unit`], whose rollback writes come back to run next.
-    pub fn after_bind(
+    pub(super) fn after_bind(
         &mut self,
         unit: &str,
         wave: &[BindTarget],
@@ -426,7 +426,12 @@ impl Planner {
     /// What became of a [`Write::RollBack`] of `members`: the ones evicted are evicting and
     /// keep their unit from binding until gone; the ones the API server did not remove are
     /// tried again in later cycles.
-    pub fn after_rollback(&mut self, members: &[Rollback], outcome: &RollbackOutcome, now: Now) {
+    pub(super) fn after_rollback(
+        &mut self,
+        members: &[Rollback],
+        outcome: &RollbackOutcome,
+        now: Now,
+    ) {
         for uid in &outcome.rolled_back {
             self.rollbacks.remove(uid);
             self.evicting.insert(uid.clone(), now.instant);
@@ -443,7 +448,7 @@ impl Planner {
 
     /// What the snapshot is overlaid with: this replica's decisions and evictions the cache
     /// does not show yet, and the stale-gang timing.
-    pub fn overlay(&self, store: &Store) -> Overlay {
+    pub(super) fn overlay(&self, store: &Store) -> Overlay {
         Overlay {
             assumed: self
                 .decided
@@ -477,7 +482,7 @@ impl Planner {
     /// Pods an earlier leader nominated while their victims terminate, to be left out of the
     /// snapshot until those are gone (or past their grace period): the victims keep their
     /// GPUs, so a new decision would take further victims.
-    pub fn hidden_nominations(
+    pub(super) fn hidden_nominations(
         &self,
         store: &Store,
         scheduler_name: &str,
@@ -488,7 +493,7 @@ impl Planner {
 
     /// Starts or keeps the below-`minMember` time of the groups the core lists (`ns/name`),
     /// and forgets the others.
-    pub fn note_gangs_below_min(&mut self, gangs: &[String], now: Now) {
+    pub(super) fn note_gangs_below_min(&mut self, gangs: &[String], now: Now) {
         let mut below = BTreeMap::new();
         for g in gangs {
             if let Some((ns, name)) = g.split_once('/') {
@@ -507,7 +512,7 @@ impl Planner {
     /// The core's evictions as writes. A victim that is a decision held for a later bind is
     /// not bound yet: giving it up is enough (an eviction would delete the pending pod), and
     /// its gang cannot be whole any more, so its unit fails.
-    pub fn evictions(
+    pub(super) fn evictions(
         &mut self,
         snap: &Snapshot,
         decisions: &Decisions,
@@ -515,7 +520,7 @@ impl Planner {
         now: Now,
     ) -> Vec<Write> {
         self.victims.clear();
-        let by_uid: BTreeMap<&str, &crate::model::Pod> =
+        let by_uid: BTreeMap<&str, &tessera_core::model::Pod> =
             snap.pods.iter().map(|p| (p.uid.as_str(), p)).collect();
         let mut writes = Vec::new();
         for e in &decisions.evictions {
@@ -556,7 +561,7 @@ impl Planner {
 
     /// What became of a [`Write::Evict`]: `accepted` when the API server evicted the pod (or
     /// it was gone already). A refused eviction is forgotten: the next cycle decides again.
-    pub fn after_evict(&mut self, eviction: &Eviction, accepted: bool, now: Now) {
+    pub(super) fn after_evict(&mut self, eviction: &Eviction, accepted: bool, now: Now) {
         if !accepted {
             return;
         }
@@ -575,7 +580,7 @@ impl Planner {
     /// `after_evictions` waits for this cycle's victims on its node), and binds what can be
     /// bound now. Units backed off after a failure, or with members still being rolled back,
     /// are skipped.
-    pub fn decide(
+    pub(super) fn decide(
         &mut self,
         store: &Store,
         snap: &Snapshot,
@@ -584,9 +589,9 @@ impl Planner {
         now: Now,
     ) -> Vec<Write> {
         let victims = std::mem::take(&mut self.victims);
-        let by_uid: BTreeMap<&str, &crate::model::Pod> =
+        let by_uid: BTreeMap<&str, &tessera_core::model::Pod> =
             snap.pods.iter().map(|p| (p.uid.as_str(), p)).collect();
-        let unit_of = |pod: &crate::model::Pod| match &pod.group {
+        let unit_of = |pod: &tessera_core::model::Pod| match &pod.group {
             Some(g) => format!("{}/{}", pod.namespace, g),
             None => format!("pod:{}", pod.uid),
         };
@@ -645,7 +650,7 @@ impl Planner {
     }
 
     /// Held decisions waiting for victims, uid → node: their pods' `nominatedNodeName`.
-    pub fn waiting_for_victims(&self) -> BTreeMap<String, String> {
+    pub(super) fn waiting_for_victims(&self) -> BTreeMap<String, String> {
         self.decided
             .iter()
             .filter(
@@ -656,7 +661,7 @@ impl Planner {
     }
 
     /// Every pod with a decision of this replica not yet seen in the cache.
-    pub fn decided(&self) -> BTreeSet<String> {
+    pub(super) fn decided(&self) -> BTreeSet<String> {
         self.decided.keys().cloned().collect()
     }
 }
@@ -682,8 +687,8 @@ fn rollback_writes(members: Vec<Rollback>) -> Vec<Write> {
 /// A victim's metric label and event text.
 fn eviction_text(
     reason: &EvictionReason,
-    pod: &crate::model::Pod,
-    by_uid: &BTreeMap<&str, &crate::model::Pod>,
+    pod: &tessera_core::model::Pod,
+    by_uid: &BTreeMap<&str, &tessera_core::model::Pod>,
     gang_grace_seconds: u64,
 ) -> (&'static str, String) {
     match reason {

@@ -13,8 +13,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::hold::{held_too_long, victims_gone};
 use super::*;
-use crate::cycle::{Binding, Eviction as CoreEviction};
-use crate::model::Pod;
+use tessera_core::cycle::{Binding, Eviction as CoreEviction};
+use tessera_core::model::Pod;
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 const NODE: &str = "n1";
@@ -388,9 +388,9 @@ fn a_member_given_up_while_held_rolls_back_its_bound_members() {
     // `b` asks for the same count as `a` on the same node under another assignment (two
     // different GPUs): it is held until the agent reports `a` allocated.
     let mut decisions = bindings(&["a", "b"], false);
-    decisions.bindings[1].assignment.containers = vec![crate::model::ContainerAssignment {
+    decisions.bindings[1].assignment.containers = vec![tessera_core::model::ContainerAssignment {
         container: "main".into(),
-        gpus: vec![crate::model::GpuSlice {
+        gpus: vec![tessera_core::model::GpuSlice {
             uuid: "GPU-b".into(),
             memory_mib: 1,
             compute_milli: 1000,

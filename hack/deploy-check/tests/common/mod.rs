@@ -27,40 +27,40 @@ use tessera_deploy_check::{kinds, manifests};
 use tessera_testcluster::{Cluster, ClusterOptions, LiteNode, NodeOptions, pod_bound_token};
 
 /// A correctness bound for every "eventually", not a speed target.
-pub const DEADLINE: Duration = Duration::from_secs(90);
+pub(crate) const DEADLINE: Duration = Duration::from_secs(90);
 const POLL: Duration = Duration::from_millis(100);
 
 /// The release namespace of the chart's default render.
-pub const NAMESPACE: &str = "tessera-system";
+pub(crate) const NAMESPACE: &str = "tessera-system";
 /// The coordinator's ServiceAccount (the chart's `<release>-coordinator`).
-pub const COORDINATOR_SA: &str = "tessera-coordinator";
+pub(crate) const COORDINATOR_SA: &str = "tessera-coordinator";
 /// The agents' ServiceAccount.
-pub const AGENT_SA: &str = "tessera-agent";
+pub(crate) const AGENT_SA: &str = "tessera-agent";
 /// The agents' ServiceAccount user, as the chart passes it in `--agent-users`.
-pub const AGENT_USER: &str = "system:serviceaccount:tessera-system:tessera-agent";
+pub(crate) const AGENT_USER: &str = "system:serviceaccount:tessera-system:tessera-agent";
 /// `agent.tokenAudience` in the chart's values: the coordinator accepts only agent tokens
 /// issued for it.
-pub const TOKEN_AUDIENCE: &str = "tessera";
+pub(crate) const TOKEN_AUDIENCE: &str = "tessera";
 /// The Lease the chart's Role lets the coordinator use (values `leaderElection.leaseName`).
-pub const LEASE: &str = "tessera-coordinator";
+pub(crate) const LEASE: &str = "tessera-coordinator";
 
 /// The repository root.
-pub fn repo() -> PathBuf {
+pub(crate) fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 /// The chart directory.
-pub fn chart_dir() -> PathBuf {
+pub(crate) fn chart_dir() -> PathBuf {
     repo().join(manifests::CHART_DIR)
 }
 
 /// `helm template` of the chart with default values (CRDs included), as JSON documents.
-pub fn default_render() -> Vec<Value> {
+pub(crate) fn default_render() -> Vec<Value> {
     render_with(&[])
 }
 
 /// The chart rendered with the values files `values` on top of its defaults.
-pub fn render_with(values: &[PathBuf]) -> Vec<Value> {
+pub(crate) fn render_with(values: &[PathBuf]) -> Vec<Value> {
     let text = chart::template(&chart_dir(), &Release::default(), values, true)
         .unwrap_or_else(|e| panic!("{e}"));
     chart::parse_helm_output(&text)
@@ -72,7 +72,7 @@ pub fn render_with(values: &[PathBuf]) -> Vec<Value> {
 /// Removes `verb` on `resource` from the rules of `kind`/`name` (a ClusterRole or Role) in
 /// `docs`, splitting a rule that also grants other resources. Panics if the chart granted no
 /// such verb: the test that uses it would then prove nothing.
-pub fn remove_verb(docs: &mut [Value], kind: &str, name: &str, resource: &str, verb: &str) {
+pub(crate) fn remove_verb(docs: &mut [Value], kind: &str, name: &str, resource: &str, verb: &str) {
     let role = docs
         .iter_mut()
         .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
@@ -109,7 +109,7 @@ pub fn remove_verb(docs: &mut [Value], kind: &str, name: &str, resource: &str, v
 
 /// A kubelet-lite node with a real agent: its name, labels and number of 80 GB A100s.
 #[derive(Clone, Debug)]
-pub struct NodeSpec {
+pub(crate) struct NodeSpec {
     /// Node name.
     pub name: String,
     /// Node labels (topology levels).
@@ -120,7 +120,7 @@ pub struct NodeSpec {
 
 impl NodeSpec {
     /// A node with `gpus` GPUs.
-    pub fn new(name: &str, gpus: u32) -> Self {
+    pub(crate) fn new(name: &str, gpus: u32) -> Self {
         Self {
             name: name.into(),
             labels: BTreeMap::new(),
@@ -129,7 +129,7 @@ impl NodeSpec {
     }
 
     /// Adds a label.
-    pub fn label(mut self, key: &str, value: &str) -> Self {
+    pub(crate) fn label(mut self, key: &str, value: &str) -> Self {
         self.labels.insert(key.into(), value.into());
         self
     }
@@ -153,7 +153,7 @@ impl NodeSpec {
 }
 
 /// What to start.
-pub struct Options {
+pub(crate) struct Options {
     /// The nodes.
     pub nodes: Vec<NodeSpec>,
     /// kube-controller-manager controllers (`serviceaccount-controller` at least: pods
@@ -165,7 +165,7 @@ pub struct Options {
 
 impl Options {
     /// `nodes`, the ServiceAccount controller only, the chart as rendered.
-    pub fn new(nodes: Vec<NodeSpec>) -> Self {
+    pub(crate) fn new(nodes: Vec<NodeSpec>) -> Self {
         Self {
             nodes,
             controllers: "serviceaccount-controller".into(),
@@ -175,7 +175,7 @@ impl Options {
 }
 
 /// The agent process; killed and reaped on drop so a failing test leaves no orphan.
-pub struct AgentProcess {
+pub(crate) struct AgentProcess {
     child: Child,
     log: PathBuf,
     /// Where its `/metrics` is served.
@@ -184,7 +184,7 @@ pub struct AgentProcess {
 
 impl AgentProcess {
     /// The agent's log (stderr) so far.
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
@@ -197,7 +197,7 @@ impl Drop for AgentProcess {
 }
 
 /// One node: the kubelet-lite and its agent.
-pub struct NodeSlot {
+pub(crate) struct NodeSlot {
     /// The spec it was started from.
     pub spec: NodeSpec,
     /// The agent (dropped before the kubelet).
@@ -207,7 +207,7 @@ pub struct NodeSlot {
 }
 
 /// A running deployment.
-pub struct Harness {
+pub(crate) struct Harness {
     /// The nodes.
     pub nodes: Vec<NodeSlot>,
     /// The coordinator.
@@ -231,7 +231,7 @@ fn free_port() -> u16 {
 impl Harness {
     /// Starts the control plane, applies the chart, starts the coordinator as its
     /// ServiceAccount and waits until it leads, then each node with its agent.
-    pub async fn start(options: Options) -> Harness {
+    pub(crate) async fn start(options: Options) -> Harness {
         let dir = tempfile::tempdir().expect("temporary directory");
         let cluster = tokio::task::block_in_place(|| {
             Cluster::start(ClusterOptions {
@@ -305,7 +305,7 @@ impl Harness {
     }
 
     /// Creates one object (any kind the server serves) as the admin.
-    pub async fn apply(&self, doc: &Value) -> DynamicObject {
+    pub(crate) async fn apply(&self, doc: &Value) -> DynamicObject {
         apply(&self.admin, doc).await
     }
 
@@ -346,7 +346,7 @@ impl Harness {
     }
 
     /// The coordinator's handle.
-    pub fn coordinator(&self) -> &CoordinatorHandle {
+    pub(crate) fn coordinator(&self) -> &CoordinatorHandle {
         self.coordinator.as_ref().expect("the coordinator runs")
     }
 
@@ -454,7 +454,7 @@ impl Harness {
     }
 
     /// The node slot named `name`.
-    pub fn node(&self, name: &str) -> &NodeSlot {
+    pub(crate) fn node(&self, name: &str) -> &NodeSlot {
         self.nodes
             .iter()
             .find(|n| n.spec.name == name)
@@ -463,7 +463,7 @@ impl Harness {
 
     /// Polls `probe` until it answers, or fails after [`DEADLINE`] with a picture of the
     /// cluster and the agents' logs.
-    pub async fn wait_until<T, F, Fut>(&self, what: &str, probe: F) -> T
+    pub(crate) async fn wait_until<T, F, Fut>(&self, what: &str, probe: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Option<T>>,
@@ -472,7 +472,7 @@ impl Harness {
     }
 
     /// All pods in `namespace`.
-    pub async fn pods(&self, namespace: &str) -> Vec<Pod> {
+    pub(crate) async fn pods(&self, namespace: &str) -> Vec<Pod> {
         let api: Api<Pod> = Api::namespaced(self.admin.clone(), namespace);
         api.list(&ListParams::default())
             .await
@@ -481,7 +481,7 @@ impl Harness {
     }
 
     /// Pod `name` in `default`, if it exists.
-    pub async fn pod(&self, name: &str) -> Option<Pod> {
+    pub(crate) async fn pod(&self, name: &str) -> Option<Pod> {
         Api::<Pod>::namespaced(self.admin.clone(), "default")
             .get(name)
             .await
@@ -489,7 +489,7 @@ impl Harness {
     }
 
     /// Events about pod `default/name`: (reason, message).
-    pub async fn events_of(&self, name: &str) -> Vec<(String, String)> {
+    pub(crate) async fn events_of(&self, name: &str) -> Vec<(String, String)> {
         let events: Api<Event> = Api::namespaced(self.admin.clone(), "default");
         events
             .list(&ListParams::default())
@@ -503,7 +503,7 @@ impl Harness {
     }
 
     /// Pods and their state, the agents' log tails, for failure messages.
-    pub async fn describe(&self) -> String {
+    pub(crate) async fn describe(&self) -> String {
         let mut out = String::new();
         for pod in self.pods("default").await {
             let status = pod.status.clone().unwrap_or_default();
@@ -540,7 +540,7 @@ impl Harness {
     }
 
     /// Stops the coordinator; the rest stops on drop.
-    pub async fn shutdown(mut self) {
+    pub(crate) async fn shutdown(mut self) {
         if let Some(c) = self.coordinator.take() {
             c.shutdown().await;
         }
@@ -549,7 +549,7 @@ impl Harness {
 
 /// Creates one object (any kind the server serves) with `client`, retrying while its kind is
 /// not yet discoverable (a CRD that was just Established).
-pub async fn apply(client: &kube::Client, doc: &Value) -> DynamicObject {
+pub(crate) async fn apply(client: &kube::Client, doc: &Value) -> DynamicObject {
     let api_version = doc["apiVersion"].as_str().expect("apiVersion");
     let kind = doc["kind"].as_str().expect("kind");
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
@@ -579,7 +579,7 @@ pub async fn apply(client: &kube::Client, doc: &Value) -> DynamicObject {
 }
 
 /// Waits until CRD `name` has condition Established=True.
-pub async fn wait_crd_established(client: &kube::Client, name: &str) {
+pub(crate) async fn wait_crd_established(client: &kube::Client, name: &str) {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let deadline = tokio::time::Instant::now() + DEADLINE;
@@ -603,7 +603,7 @@ pub async fn wait_crd_established(client: &kube::Client, name: &str) {
 }
 
 /// `GET /metrics` from `addr` over plain HTTP/1.0: the body.
-pub async fn scrape(addr: SocketAddr) -> String {
+pub(crate) async fn scrape(addr: SocketAddr) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr)
         .await
@@ -626,7 +626,7 @@ pub async fn scrape(addr: SocketAddr) -> String {
 
 /// A pod for the tessera scheduler in `default`, with one `main` container asking for
 /// `gpus` nvidia.com/gpu.
-pub fn gpu_pod(
+pub(crate) fn gpu_pod(
     name: &str,
     queue: &str,
     gpus: u32,
@@ -656,7 +656,7 @@ pub fn gpu_pod(
 }
 
 /// Whether the pod is bound to a node.
-pub fn is_bound(pod: &Pod) -> bool {
+pub(crate) fn is_bound(pod: &Pod) -> bool {
     pod.spec
         .as_ref()
         .and_then(|s| s.node_name.as_ref())
@@ -664,12 +664,12 @@ pub fn is_bound(pod: &Pod) -> bool {
 }
 
 /// Whether the pod runs: its kubelet admitted it, which needs its agent's Allocate.
-pub fn is_running(pod: &Pod) -> bool {
+pub(crate) fn is_running(pod: &Pod) -> bool {
     pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
 }
 
 /// `(uuid, memory MiB, compute milli)` of each GPU in the pod's `tessera.dev/assignment`.
-pub fn slices(pod: &Pod) -> Vec<(String, u64, u64)> {
+pub(crate) fn slices(pod: &Pod) -> Vec<(String, u64, u64)> {
     let text = pod
         .metadata
         .annotations
@@ -693,7 +693,7 @@ pub fn slices(pod: &Pod) -> Vec<(String, u64, u64)> {
 }
 
 /// The node a pod is bound to.
-pub fn node_of(pod: &Pod) -> String {
+pub(crate) fn node_of(pod: &Pod) -> String {
     pod.spec
         .as_ref()
         .and_then(|s| s.node_name.clone())

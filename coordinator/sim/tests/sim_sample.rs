@@ -3,10 +3,10 @@
 //! hold.
 
 use tessera_core::cycle::CycleConfig;
-use tessera_core::sim::replay::{ReplayOutcome, replay};
-use tessera_core::sim::sample::default_workload_path;
-use tessera_core::sim::workload::Workload;
 use tessera_gpushape::bundled_dir;
+use tessera_sim::replay::{ReplayOutcome, replay};
+use tessera_sim::sample::default_workload_path;
+use tessera_sim::workload::Workload;
 
 fn sample() -> ReplayOutcome {
     let w = Workload::load(&default_workload_path(), &bundled_dir()).unwrap();

@@ -27,12 +27,12 @@ use tessera_core::model::{
     InclusionPolicy, LabelSelector, NodeSelector, NodeSelectorTerm, PodAffinityTerm, Requirement,
     SelectorOp, Snapshot, SpreadConstraint, Taint, TaintEffect, Toleration, TolerationOp,
 };
-use tessera_core::sim::cluster::Cluster;
-use tessera_core::sim::experiment::{FillSpec, default_data_dir, prepare};
-use tessera_core::sim::fill::run_fill;
-use tessera_core::sim::openb::{OpenbNode, read_nodes, read_pods};
-use tessera_core::sim::policy::Policy;
-use tessera_core::sim::trace::{TYPICAL_COVERAGE, generate, typical_mix};
+use tessera_sim::cluster::Cluster;
+use tessera_sim::experiment::{FillSpec, default_data_dir, prepare};
+use tessera_sim::fill::run_fill;
+use tessera_sim::openb::{OpenbNode, read_nodes, read_pods};
+use tessera_sim::policy::Policy;
+use tessera_sim::trace::{TYPICAL_COVERAGE, generate, typical_mix};
 
 /// Decisions per digest block.
 const BLOCK: usize = 1000;
@@ -147,7 +147,7 @@ fn check(section: &str, got: BTreeMap<String, String>) {
 fn fill_digest(
     cluster: &Cluster,
     mix: &tessera_core::placement::frag::ShapeMix,
-    pods: &[tessera_core::sim::cluster::SimPod],
+    pods: &[tessera_sim::cluster::SimPod],
     policy: Policy,
 ) -> String {
     let out = run_fill(cluster, mix, pods, policy, 42, &mut |_, _| {});

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::placement::frag::FragCategory;
+use tessera_core::placement::frag::FragCategory;
 
 use super::experiment::{PolicyRun, Prepared};
 use super::metrics::{CurvePoint, round2};

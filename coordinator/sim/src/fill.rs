@@ -17,13 +17,13 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::placement::frag::{
+use tessera_core::placement::frag::{
     FragBreakdown, GPU_MILLI, NodeView, ShapeMix, TaskShape, fgd_score, fragmentation,
     fragmentation_by_category,
 };
 
-use crate::model::GpuShare;
-use crate::placement::{GpuFree, NodeCapacity, PodDemand, ScoreWeights, place_on_node};
+use tessera_core::model::GpuShare;
+use tessera_core::placement::{GpuFree, NodeCapacity, PodDemand, ScoreWeights, place_on_node};
 
 use super::cluster::{Cluster, SimPod};
 use super::fill_index::{Leaf, MaxTree, Score, ShapeTree};

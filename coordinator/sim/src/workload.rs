@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::model::{Node, Pod, PodGroup, Queue, QueueResource};
+use tessera_core::model::{Node, Pod, PodGroup, Queue, QueueResource};
 
 use tessera_gpushape::{YamlError, load_named, parse_yaml, read};
 
@@ -368,7 +368,8 @@ impl Workload {
                                         pod.fraction(milli)
                                     } else {
                                         let mut p = pod.gpus(j.gpus);
-                                        p.gpu.per_gpu = crate::model::GpuShare::Fraction(milli);
+                                        p.gpu.per_gpu =
+                                            tessera_core::model::GpuShare::Fraction(milli);
                                         p
                                     }
                                 }

@@ -4,13 +4,13 @@
 use std::path::{Path, PathBuf};
 
 use tessera_core::placement::frag::{ModelSet, ShapeMix, TaskShape};
-use tessera_core::sim::cluster::{Cluster, SimPod};
-use tessera_core::sim::experiment::{FillSpec, default_data_dir, prepare, run_policy};
-use tessera_core::sim::fill::run_fill;
-use tessera_core::sim::metrics::alloc_curve;
-use tessera_core::sim::openb::{OpenbNode, OpenbPod};
-use tessera_core::sim::policy::Policy;
-use tessera_core::sim::trace::generate;
+use tessera_sim::cluster::{Cluster, SimPod};
+use tessera_sim::experiment::{FillSpec, default_data_dir, prepare, run_policy};
+use tessera_sim::fill::run_fill;
+use tessera_sim::metrics::alloc_curve;
+use tessera_sim::openb::{OpenbNode, OpenbPod};
+use tessera_sim::policy::Policy;
+use tessera_sim::trace::generate;
 
 fn node(name: &str, cpu: u64, gpus: u32) -> OpenbNode {
     OpenbNode {
@@ -35,7 +35,7 @@ fn pod(name: &str, cpu: u64, milli: u32, count: u32) -> SimPod {
     }
 }
 
-fn nodes_of(outcome: &tessera_core::sim::fill::FillOutcome) -> Vec<Option<usize>> {
+fn nodes_of(outcome: &tessera_sim::fill::FillOutcome) -> Vec<Option<usize>> {
     outcome
         .placements
         .iter()
@@ -141,7 +141,7 @@ fn same_seed_same_result() {
         let mut cluster = Cluster::from_openb(&nodes, None);
         let arrivals = generate(&trace, cluster.gpu_milli(), nodes.len(), 1.3, seed);
         cluster.apply_permutation(&arrivals.node_perm);
-        let mix = tessera_core::sim::trace::typical_mix(&cluster, &trace, 0.95);
+        let mix = tessera_sim::trace::typical_mix(&cluster, &trace, 0.95);
         let pods: Vec<SimPod> = arrivals.pods.iter().map(|p| cluster.pod(p)).collect();
         let out = run_fill(&cluster, &mix, &pods, policy, seed, &mut |_, _| {});
         (out.placements, out.used_gpu_milli)

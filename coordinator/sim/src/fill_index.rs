@@ -28,7 +28,7 @@ pub(super) struct Leaf {
 
 impl Leaf {
     /// A node that cannot take the shape.
-    pub const NONE: Leaf = Leaf {
+    pub(crate) const NONE: Leaf = Leaf {
         feasible: false,
         score: [0, 0],
     };
@@ -53,7 +53,7 @@ pub(super) struct ShapeTree {
 
 impl ShapeTree {
     /// An empty tree for `n` positions; every leaf infeasible until set.
-    pub fn new(n: usize) -> ShapeTree {
+    pub(crate) fn new(n: usize) -> ShapeTree {
         let cap = n.next_power_of_two().max(1);
         let mut win = vec![0u32; 2 * cap];
         for p in 0..cap {
@@ -76,7 +76,7 @@ impl ShapeTree {
     }
 
     /// Replaces every leaf and rebuilds the matches bottom-up.
-    pub fn rebuild(&mut self, mut leaf: impl FnMut(usize) -> Leaf, n: usize) {
+    pub(crate) fn rebuild(&mut self, mut leaf: impl FnMut(usize) -> Leaf, n: usize) {
         for p in 0..self.cap {
             self.leaves[p] = if p < n { leaf(p) } else { Leaf::NONE };
         }
@@ -86,7 +86,7 @@ impl ShapeTree {
     }
 
     /// Sets the leaf at `pos` and replays the matches on its path to the root.
-    pub fn set(&mut self, pos: usize, leaf: Leaf) {
+    pub(crate) fn set(&mut self, pos: usize, leaf: Leaf) {
         if self.leaves[pos] == leaf {
             return;
         }
@@ -106,7 +106,7 @@ impl ShapeTree {
     }
 
     /// The best position whose node has at least `need` free memory, if any is feasible.
-    pub fn best(&self, mem: &MaxTree, need: u64) -> Option<usize> {
+    pub(crate) fn best(&self, mem: &MaxTree, need: u64) -> Option<usize> {
         let w = self.win[1];
         if !self.leaves[w as usize].feasible {
             return None;
@@ -154,7 +154,7 @@ pub(super) struct MaxTree {
 
 impl MaxTree {
     /// `values[p]` at position `p`; positions past the end hold 0.
-    pub fn new(values: &[u64]) -> MaxTree {
+    pub(crate) fn new(values: &[u64]) -> MaxTree {
         let cap = values.len().next_power_of_two().max(1);
         let mut max = vec![0u64; 2 * cap];
         max[cap..cap + values.len()].copy_from_slice(values);
@@ -165,12 +165,12 @@ impl MaxTree {
     }
 
     /// The value at position `p`.
-    pub fn at(&self, p: usize) -> u64 {
+    pub(crate) fn at(&self, p: usize) -> u64 {
         self.max[self.cap + p]
     }
 
     /// Sets the value at position `p`.
-    pub fn set(&mut self, p: usize, v: u64) {
+    pub(crate) fn set(&mut self, p: usize, v: u64) {
         let mut i = self.cap + p;
         self.max[i] = v;
         i /= 2;

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::cycle::{CycleConfig, EvictionReason, schedule};
-use crate::model::{Placement, Pod, Resource, Snapshot};
+use tessera_core::cycle::{CycleConfig, EvictionReason, schedule};
+use tessera_core::model::{Placement, Pod, Resource, Snapshot};
 
 use super::workload::Loaded;
 
@@ -366,7 +366,7 @@ fn record_waits(
     w: &Loaded,
     snap: &Snapshot,
     job_of: &HashMap<String, usize>,
-    pending: &[crate::cycle::PendingExplanation],
+    pending: &[tessera_core::cycle::PendingExplanation],
     cycle: usize,
     now: u64,
     states: &mut [JobState],
@@ -379,7 +379,7 @@ fn record_waits(
             bound[j] += 1;
         }
     }
-    let mut first: Vec<Option<&crate::cycle::PendingExplanation>> = vec![None; w.jobs.len()];
+    let mut first: Vec<Option<&tessera_core::cycle::PendingExplanation>> = vec![None; w.jobs.len()];
     for e in pending {
         if let Some(&j) = job_of.get(&e.pod)
             && first[j].is_none()

@@ -11,7 +11,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::placement::frag::{ShapeMix, TaskShape};
+use tessera_core::placement::frag::{ShapeMix, TaskShape};
 
 use super::cluster::Cluster;
 use super::openb::OpenbPod;
@@ -123,7 +123,7 @@ pub fn generate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::openb::OpenbNode;
+    use crate::openb::OpenbNode;
 
     fn pod(name: &str, cpu: u64, n: u32, milli: u32) -> OpenbPod {
         OpenbPod {

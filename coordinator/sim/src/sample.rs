@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-use crate::cycle::CycleConfig;
+use tessera_core::cycle::CycleConfig;
 
 use super::plot::{Series, line_chart};
 use super::policy::Policy;
@@ -41,7 +41,7 @@ pub fn default_workload_path() -> PathBuf {
 }
 
 /// The bundled sample, compiled in so `simulate` works away from the repository.
-const SAMPLE: &str = include_str!("../../../../hack/workloads/sample.yaml");
+const SAMPLE: &str = include_str!("../../../hack/workloads/sample.yaml");
 
 /// Runs the bundled sample (from `path` when present, else the compiled-in copy) and returns
 /// the report.

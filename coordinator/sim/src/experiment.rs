@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-use crate::placement::frag::ShapeMix;
+use tessera_core::placement::frag::ShapeMix;
 
 use super::cluster::{Cluster, SimPod};
 use super::fill::{FillOutcome, run_fill};

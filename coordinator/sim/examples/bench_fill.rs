@@ -11,11 +11,11 @@
 
 use std::path::Path;
 
-use tessera_core::sim::cluster::Cluster;
-use tessera_core::sim::fill::run_fill;
-use tessera_core::sim::openb::{OpenbNode, read_nodes, read_pods};
-use tessera_core::sim::policy::Policy;
-use tessera_core::sim::trace::{TYPICAL_COVERAGE, generate, typical_mix};
+use tessera_sim::cluster::Cluster;
+use tessera_sim::fill::run_fill;
+use tessera_sim::openb::{OpenbNode, read_nodes, read_pods};
+use tessera_sim::policy::Policy;
+use tessera_sim::trace::{TYPICAL_COVERAGE, generate, typical_mix};
 
 fn vm_hwm_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -44,7 +44,7 @@ fn env_or(name: &str, default: usize) -> usize {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let Some(dir) =
-        tessera_core::sim::experiment::default_data_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
+        tessera_sim::experiment::default_data_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
     else {
         println!("openb data not found at ../../shared/data/openb: skipping");
         return Ok(());

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use crate::placement::frag::{ModelSet, TaskShape};
+use tessera_core::placement::frag::{ModelSet, TaskShape};
 
 use super::openb::{NodePrefix, OpenbNode, OpenbPod};
 

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::placement::frag::{GPU_MILLI, TaskShape};
+use tessera_core::placement::frag::{GPU_MILLI, TaskShape};
 
 /// A node-scoring policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -13,7 +13,7 @@ pub enum Policy {
     /// Tessera: the scheduling core's own per-node placement (`placement::place_on_node` with
     /// the production weights), scoring every feasible node: FGD's fragmentation score at half
     /// resolution, CPU-only pods onto GPU-full nodes, GPU pods onto nodes already in use, exact
-    /// fragmentation to pick the GPU (see [`crate::placement::frag::tessera_preference`]).
+    /// fragmentation to pick the GPU (see [`tessera_core::placement::frag::tessera_preference`]).
     /// `core` is accepted as another name for it.
     Tessera,
     /// Fragmentation Gradient Descent (`FGDScore`, GPU choice by score).
@@ -220,7 +220,7 @@ pub fn normalise(raw: i64, lo: i64, hi: i64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::placement::frag::ModelSet;
+    use tessera_core::placement::frag::ModelSet;
 
     fn shape(cpu: u64, milli: u32, count: u32) -> TaskShape {
         TaskShape {

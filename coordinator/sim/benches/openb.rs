@@ -6,9 +6,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
-use tessera_core::sim::experiment::{FillSpec, default_data_dir, prepare};
-use tessera_core::sim::fill::run_fill;
-use tessera_core::sim::policy::Policy;
+use tessera_sim::experiment::{FillSpec, default_data_dir, prepare};
+use tessera_sim::fill::run_fill;
+use tessera_sim::policy::Policy;
 
 fn openb(c: &mut Criterion) {
     let Some(dir) = default_data_dir(Path::new(env!("CARGO_MANIFEST_DIR"))) else {

@@ -4,7 +4,7 @@
 
 use tessera_gpushape::{GpuShape, YamlError};
 
-use crate::model::{Gpu, MigInstance, Node};
+use tessera_core::model::{Gpu, MigInstance, Node};
 
 /// A scheduler node named `name` of shape `shape` (read from `file`, which errors name).
 /// Fails when the shape lacks the node's CPU or memory, which the agent does not need but
