@@ -15,7 +15,7 @@
 //! Each run is reduced to a count and FNV-1a digests of its decisions in blocks of
 //! [`BLOCK`] decisions, so a failure names the first block that differs. The fill parts skip
 //! without the openb data (`../shared/data/openb`). Re-record with `TESSERA_BLESS=1` (files
-//! `tests/golden/exact_decisions_*.txt`).
+//! `tests/it/golden/exact_decisions_*.txt`).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -39,7 +39,7 @@ const BLOCK: usize = 1000;
 
 /// The golden file of one section (one per test, so recording runs in parallel safely).
 fn golden_path(section: &str) -> PathBuf {
-    manifest().join(format!("tests/golden/exact_decisions_{section}.txt"))
+    manifest().join(format!("tests/it/golden/exact_decisions_{section}.txt"))
 }
 
 /// FNV-1a over a stream of decision lines, one digest per [`BLOCK`] lines.
