@@ -50,7 +50,7 @@ pub struct PodRef {
 }
 
 impl PodRef {
-    /// A pod reference.
+    /// A reference to pod `namespace/name`.
     pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
         Self {
             namespace: namespace.into(),
@@ -161,7 +161,8 @@ struct LedgerFile {
     allocations: Vec<Allocation>,
 }
 
-/// The ledger.
+/// Who holds which share of which GPU on this node, checkpointed as JSON so that an agent
+/// restart gives running pods back exactly what they held.
 #[derive(Debug, Default)]
 pub struct Ledger {
     path: Option<PathBuf>,

@@ -56,14 +56,15 @@ impl BindTarget {
     }
 }
 
-/// A pod to evict.
+/// A pod to evict through the Eviction API, which keeps PodDisruptionBudgets.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EvictTarget {
-    /// Namespace.
+    /// The pod's namespace.
     pub namespace: String,
-    /// Name.
+    /// The pod's name.
     pub name: String,
-    /// UID.
+    /// The UID the eviction is preconditioned on, so a new pod of the same name is never
+    /// the one evicted.
     pub uid: String,
 }
 

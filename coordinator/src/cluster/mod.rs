@@ -236,7 +236,7 @@ async fn bind(
         .map_err(|source| ClusterError::Listen { what, addr, source })
 }
 
-/// A running coordinator.
+/// A running coordinator: the addresses it bound, whether it leads now, and `shutdown`.
 pub struct CoordinatorHandle {
     agent_addr: Option<SocketAddr>,
     metrics_addr: Option<SocketAddr>,

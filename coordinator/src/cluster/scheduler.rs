@@ -55,7 +55,8 @@ use tessera_core::model::Resource;
 /// Changes arriving in a burst (a Job creating its pods) are taken in one cycle.
 const SETTLE: Duration = Duration::from_millis(30);
 
-/// The scheduling loop.
+/// The leader's scheduling loop: a snapshot of the cache and the agents' inventory, one
+/// core cycle, and the binding planner's writes carried out by the binder.
 pub struct Scheduler {
     config: Arc<CoordinatorConfig>,
     cache: Cache,

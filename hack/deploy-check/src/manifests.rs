@@ -14,7 +14,8 @@ use crate::chart::{Chart, ChartError, Release};
 pub const CHART_DIR: &str = "deploy/helm/tessera";
 /// The CRDs as the coordinator generates them.
 pub const CRDS_DIR: &str = "deploy/crds";
-/// The plain manifests.
+/// Where the plain manifests generated from `helm template` live (`render` writes them,
+/// `render --check` fails when they are stale).
 pub const MANIFESTS_DIR: &str = "deploy/manifests";
 /// Values the plain manifests render with on top of the defaults (the webhook off: its
 /// certificate is generated at render time).

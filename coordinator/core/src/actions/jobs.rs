@@ -6,7 +6,8 @@ use crate::cycle::Reason;
 use super::context::Ctx;
 use super::statement::State;
 
-/// A schedulable unit.
+/// A schedulable unit: a lone pod, or a group's pending pods, of which the members the gang
+/// still misses are placed together or not at all and the rest are elastic.
 #[derive(Clone, Debug)]
 pub struct Job {
     /// Leaf queue.

@@ -7,7 +7,8 @@ use crate::model::Node;
 /// Label every node implicitly carries with its own name.
 pub(super) const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 
-/// The domains of one level.
+/// The domains of one topology level: the nodes sharing each value of one node label (a
+/// rack, a zone).
 #[derive(Clone, Debug, Default)]
 pub struct LevelDomains {
     /// Label key.
