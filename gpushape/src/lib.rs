@@ -322,7 +322,8 @@ impl GpuShape {
     /// GPU `index`'s PCI bus id: the declared one, or one derived from the index so that
     /// links between GPUs without declared ids still resolve.
     pub fn pci_bus_id(&self, index: usize) -> String {
-        self.gpus[index].pci_bus_id.clone().unwrap_or_else(|| {
+        let declared = self.gpus.get(index).and_then(|g| g.pci_bus_id.clone());
+        declared.unwrap_or_else(|| {
             // Bus numbers 0x10, 0x18, ... stay below 0xe0, where the simulated NVSwitches sit.
             format!("0000:{:02x}:00.0", (0x10 + index * 8) % 0xe0)
         })

@@ -24,10 +24,7 @@ pub fn translate(budgets: &[&PodDisruptionBudget], pods: &[&KubePod]) -> Vec<Dis
     // Each budget reads only its own namespace's unfinished pods: index them once.
     let mut by_namespace: BTreeMap<&str, Vec<&KubePod>> = BTreeMap::new();
     for p in pods {
-        let finished = matches!(
-            p.status.as_ref().and_then(|s| s.phase.as_deref()),
-            Some("Succeeded" | "Failed")
-        );
+        let finished = tessera_contract::pod::is_finished(p);
         if let (false, Some(ns)) = (finished, p.metadata.namespace.as_deref()) {
             by_namespace.entry(ns).or_default().push(p);
         }

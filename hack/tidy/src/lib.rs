@@ -7,8 +7,9 @@
 //! names inside `use crate::{...}`, and other crates' names) and fails on a forbidden one,
 //! saying which file, which line and which sentence of the code map it breaks.
 //!
-//! The reading is lexical: comments and string literals are skipped, so a doc link to
-//! another module is not a dependency; `super::` paths are not followed (the modules these
+//! The reading is lexical rather than a parse (`syn` sees no paths inside macro bodies,
+//! and `vec![crate::cycle::X]` is a dependency too): comments and string literals are
+//! skipped, so a doc link to another module is not a dependency; `super::` paths are not followed (the modules these
 //! rules cover do not reach their siblings that way, and the rules are written to catch a
 //! new `use`, which is how a layering break starts).
 

@@ -13,6 +13,7 @@ use super::{Decided, DecidedState, Now};
 use tessera_contract::keys::{
     ALLOCATED as ALLOCATED_ANNOTATION, ASSIGNMENT as ASSIGNMENT_ANNOTATION,
 };
+pub(super) use tessera_contract::pod::is_finished;
 use tessera_core::model::Assignment;
 
 /// How long past its victims' `deletionTimestamp` a decision keeps waiting for them. The API
@@ -25,13 +26,6 @@ pub(super) fn node_of(pod: &KubePod) -> Option<&str> {
         .as_ref()
         .and_then(|s| s.node_name.as_deref())
         .filter(|n| !n.is_empty())
-}
-
-pub(super) fn is_finished(pod: &KubePod) -> bool {
-    matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    )
 }
 
 fn margin() -> jiff::SignedDuration {
