@@ -35,12 +35,7 @@ async fn env() -> Env {
         ..ClusterOptions::default()
     });
     let admin = cluster.admin().await;
-    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
-        Api::namespaced(admin.clone(), "default");
-    wait("the default ServiceAccount", || async {
-        sas.get("default").await.ok().map(|_| ())
-    })
-    .await;
+    tessera_testcluster::wait_service_account(&admin, "default", "default").await;
     let proxy = FaultProxy::start(admin.clone()).await;
     Env {
         cluster,

@@ -49,12 +49,7 @@ async fn env() -> Env {
         ..ClusterOptions::default()
     });
     let client = server.admin().await;
-    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
-        Api::namespaced(client.clone(), "default");
-    eventually("the default ServiceAccount", || async {
-        sas.get("default").await.ok().map(|_| ())
-    })
-    .await;
+    tessera_testcluster::wait_service_account(&client, "default", "default").await;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for (_, crd) in tessera_coordinator::crd::all() {
         crds.create(&PostParams::default(), &crd).await.unwrap();

@@ -37,12 +37,7 @@ async fn env_with(controllers: &str) -> Env {
     options.capacity = BTreeMap::from([("nvidia.com/gpu".to_owned(), "8".to_owned())]);
     let node = LiteNode::start(&cluster, options);
     let client = cluster.admin().await;
-    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
-        Api::namespaced(client.clone(), "default");
-    wait("the default ServiceAccount", || async {
-        sas.get("default").await.ok().map(|_| ())
-    })
-    .await;
+    tessera_testcluster::wait_service_account(&client, "default", "default").await;
     Env {
         cluster,
         node,

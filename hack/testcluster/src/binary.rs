@@ -27,7 +27,7 @@ pub enum KubePeerError {
     Io {
         /// What was being done.
         what: String,
-        /// The error.
+        /// Why the file system refused (permissions, a missing directory, a full disk).
         #[source]
         source: std::io::Error,
     },

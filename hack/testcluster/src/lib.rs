@@ -12,7 +12,15 @@
 //! - [`LiteNode`]: one kubelet-lite process; a real `tessera-agent` registers on its
 //!   `kubelet.sock`; [`LiteNode::containers`] shows what each container was given;
 //!   [`LiteNode::restart`] is a kubelet restart (sockets recreated, checkpoint kept).
-//! - [`helm`] and [`promlint`]: the real helm CLI and the exposition linter.
+//! - [`GpuNode`]: a kubelet-lite with the directories and shape file of a `tessera-agent` on a
+//!   simulated GPU machine ([`shapes`]); [`AgentProcess`] runs the agent binary on it.
+//! - [`pods`]: test pods ([`pods::PodBuilder`]) and what tests read off them, with the user
+//!   contract's names spelled out; [`PodHistory`]: every pod change, in the server's order,
+//!   and the binding invariants checked on it.
+//! - [`apply`] (any object, as `kubectl create -f`), [`wait_crd_established`],
+//!   [`wait_service_account`].
+//! - [`helm`], [`promlint`] and [`scrape`]: the real helm CLI, the exposition linter, and a
+//!   Prometheus-style scrape.
 //! - [`wait_for`]: the polling loop, failing with the peers' picture of what happened.
 //!
 //! Every child process dies with the test: the cluster and the nodes stop when their
@@ -20,14 +28,22 @@
 
 mod binary;
 mod cluster;
+mod gpu_node;
+mod history;
 mod node;
+mod objects;
+pub mod pods;
+pub mod shapes;
 mod tools;
 mod wait;
 
 pub use binary::{KubePeerError, kube_peer};
 pub use cluster::{AuditRecord, Cluster, ClusterOptions, pod_bound_token};
+pub use gpu_node::{AgentProcess, GpuNode, free_port};
+pub use history::{PodHistory, PodSeen};
 pub use node::{ContainerRecord, LiteNode, NodeOptions};
-pub use tools::{HelmOutput, helm, promlint};
+pub use objects::{apply, wait_crd_established, wait_service_account};
+pub use tools::{HelmOutput, helm, promlint, scrape};
 pub use wait::{eventually, until, wait_for};
 
 /// A correctness bound for waits on the real components, not a speed target: generous because

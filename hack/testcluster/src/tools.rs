@@ -69,3 +69,26 @@ pub fn promlint(exposition: &str) -> Result<(), Vec<String>> {
     }
     Err(problems)
 }
+
+/// `GET /metrics` from `addr` over plain HTTP/1.0, as a Prometheus server scrapes: the body.
+/// Panics unless the answer is `200`.
+pub async fn scrape(addr: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .await
+        .expect("request");
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.expect("response");
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no HTTP response from {addr}: {text:?}"));
+    assert!(
+        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+        "{addr}/metrics: {head}"
+    );
+    body.to_owned()
+}

@@ -59,16 +59,7 @@ async fn pods_bound_to_this_node_get_exactly_their_assignment_and_are_not_writte
         ..ClusterOptions::default()
     });
     let client = server.admin().await;
-    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
-        Api::namespaced(client.clone(), "default");
-    let deadline = tokio::time::Instant::now() + tessera_testcluster::DEADLINE;
-    while sas.get("default").await.is_err() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no default ServiceAccount"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    tessera_testcluster::wait_service_account(&client, "default", "default").await;
     let source = Arc::new(KubeAssignments::start(client.clone(), "node-a"));
     let h = Harness::start("a100-8x-mig.yaml", source.clone()).await;
     let plugin = h.gpu_plugin().await;

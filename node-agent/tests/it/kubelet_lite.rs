@@ -5,9 +5,7 @@
 
 use crate::common;
 
-use std::fs::File;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 
 use common::shape;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -16,62 +14,17 @@ use serde_json::json;
 use tessera_agent::gpu::sim::SimBackend;
 use tessera_agent::plugin::{ENV_COMPUTE_PERCENT, ENV_MEMORY_LIMIT};
 use tessera_contract::keys::ASSIGNMENT as ASSIGNMENT_ANNOTATION;
-use tessera_testcluster::{Cluster, ClusterOptions, LiteNode, NodeOptions};
+use tessera_testcluster::{AgentProcess, Cluster, ClusterOptions, GpuNode, LiteNode, NodeOptions};
 
 const SHAPE: &str = "l40s-4x-pcie.yaml";
 const NODE: &str = "n1";
 const GPU: &str = "nvidia.com/gpu";
 
-/// The agent process; killed and reaped on drop so a failing test leaves no orphan.
-struct AgentProcess {
-    child: Child,
-    log: PathBuf,
-}
-
-impl AgentProcess {
-    fn spawn(dir: &Path, node: &LiteNode, kubeconfig: &Path) -> AgentProcess {
-        let log = dir.join("agent.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_tessera-agent"))
-            .arg("run")
-            .args(["--node-name", node.name()])
-            .arg("--gpu-backend")
-            .arg(format!("sim:{}", shape(SHAPE).display()))
-            .arg("--device-plugin-dir")
-            .arg(node.device_plugin_dir())
-            .arg("--pod-resources-socket")
-            .arg(node.pod_resources_socket())
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .args(["--metrics-addr", "none", "--coordinator", "none"])
-            // No coordinator here: the test writes the assignments on the pods itself.
-            .args(["--assignments", "kube"])
-            .env("KUBECONFIG", kubeconfig)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        AgentProcess { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for AgentProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// One cluster, one kubelet-lite node, one agent on the 4×L40S shape.
 struct Setup {
     _dir: tempfile::TempDir,
     cluster: Cluster,
-    node: LiteNode,
+    gpu: GpuNode,
     agent: AgentProcess,
     client: kube::Client,
     sim: SimBackend,
@@ -88,14 +41,25 @@ impl Setup {
             controllers: Some("serviceaccount-controller".into()),
             ..ClusterOptions::default()
         });
-        let node = LiteNode::start(&cluster, options);
-        let agent = AgentProcess::spawn(dir.path(), &node, &cluster.admin_kubeconfig());
+        let text = std::fs::read_to_string(shape(SHAPE)).unwrap();
+        let gpu = GpuNode::start(&cluster, dir.path(), options, &text);
+        // No coordinator here: the test writes the assignments on the pods itself.
+        let agent = AgentProcess::start(
+            Path::new(env!("CARGO_BIN_EXE_tessera-agent")),
+            &gpu,
+            &cluster.admin_kubeconfig(),
+            [
+                "--metrics-addr=none",
+                "--coordinator=none",
+                "--assignments=kube",
+            ],
+        );
         let client = cluster.admin().await;
-        let sim = SimBackend::from_file(shape(SHAPE)).unwrap();
+        let sim = SimBackend::from_file(gpu.shape_file()).unwrap();
         let s = Setup {
             _dir: dir,
             cluster,
-            node,
+            gpu,
             agent,
             client,
             sim,
@@ -109,17 +73,13 @@ impl Setup {
             })
             .await;
         assert_eq!(slots, "40", "4 GPUs × 10 slots");
-        s.wait_default_service_account().await;
+        tessera_testcluster::wait_service_account(&s.client, "default", "default").await;
         s
     }
 
-    async fn wait_default_service_account(&self) {
-        let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
-            Api::namespaced(self.client.clone(), "default");
-        self.wait("the default ServiceAccount", || async {
-            sas.get("default").await.ok().map(|_| ())
-        })
-        .await;
+    /// The node's kubelet, whose records show what each container was given.
+    fn node(&self) -> &LiteNode {
+        self.gpu.kubelet()
     }
 
     fn pods(&self) -> Api<Pod> {
@@ -139,7 +99,7 @@ impl Setup {
             format!(
                 "agent log:\n{}\nkubelet-lite log:\n{}",
                 self.agent.log(),
-                self.node.log()
+                self.node().log()
             )
         })
         .await
@@ -176,7 +136,7 @@ impl Setup {
                     status.reason,
                     status.message,
                     self.agent.log(),
-                    self.node.log()
+                    self.node().log()
                 ),
                 _ => None,
             }
@@ -220,7 +180,7 @@ async fn an_assigned_pod_gets_exactly_its_gpu_share_through_the_real_device_mana
     .await;
     s.wait_running("p").await;
     let record = s
-        .node
+        .node()
         .container("default", "p", "main")
         .expect("p/main started");
     assert_eq!(record.env["NVIDIA_VISIBLE_DEVICES"], uuid, "{record:?}");
@@ -247,11 +207,11 @@ async fn an_init_container_and_the_app_container_after_it_share_the_gpu_the_kube
     .await;
     s.wait_running("init-then-app").await;
     let init = s
-        .node
+        .node()
         .container("default", "init-then-app", "fetch")
         .expect("init container started");
     let app = s
-        .node
+        .node()
         .container("default", "init-then-app", "main")
         .expect("app container started");
     assert!(init.init && !app.init);
@@ -281,13 +241,13 @@ async fn a_kubelet_restart_keeps_running_pods_devices_and_the_agent_registers_ag
     .await;
     s.wait_running("before").await;
     let held = s
-        .node
+        .node()
         .container("default", "before", "main")
         .unwrap()
         .devices_of(GPU)
         .to_vec();
 
-    s.node.restart();
+    s.gpu.kubelet_mut().restart();
     let nodes: Api<Node> = Api::all(s.client.clone());
     // The restarted device manager knows no plugin until the agent notices the new
     // kubelet.sock and registers again; then capacity comes back.
@@ -295,7 +255,7 @@ async fn a_kubelet_restart_keeps_running_pods_devices_and_the_agent_registers_ag
         "the agent to register with the restarted kubelet",
         || async {
             let registered = s
-                .node
+                .node()
                 .log()
                 .contains("Got registration request from device plugin");
             let n = nodes.get(NODE).await.ok()?;
@@ -313,7 +273,7 @@ async fn a_kubelet_restart_keeps_running_pods_devices_and_the_agent_registers_ag
     ))
     .await;
     s.wait_running("after").await;
-    let after = s.node.container("default", "after", "main").unwrap();
+    let after = s.node().container("default", "after", "main").unwrap();
     assert_eq!(after.env["NVIDIA_VISIBLE_DEVICES"], second);
     assert_ne!(
         after.devices_of(GPU),
@@ -348,7 +308,7 @@ async fn the_topology_manager_never_narrows_a_pod_away_from_its_assigned_gpu() {
     .await;
     s.wait_running("numa-1").await;
     let record = s
-        .node
+        .node()
         .container("default", "numa-1", "main")
         .expect("numa-1/main started");
     assert_eq!(record.env["NVIDIA_VISIBLE_DEVICES"], uuid, "{record:?}");

@@ -12,16 +12,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Event, Node, Pod};
-use kube::api::{Api, ListParams, PostParams};
-use kube::runtime::watcher;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, PostParams};
 use parking_lot::Mutex;
-use serde_json::json;
 use tempfile::TempDir;
 use tessera_agent::agent::{Agent, AgentConfig};
 use tessera_agent::coordinator_pods::CoordinatorPods;
@@ -34,8 +31,10 @@ use tessera_coordinator::cluster::leader::LeaseConfig;
 use tessera_coordinator::cluster::{Coordinator, CoordinatorConfig, CoordinatorHandle};
 use tessera_coordinator::crd::{GpuQuota, PodGroup, PodGroupSpec, Queue, QueueSpec};
 use tessera_core::model::Assignment;
+use tessera_testcluster::shapes::A100s;
 use tessera_testcluster::{
-    Cluster, ClusterOptions, ContainerRecord, LiteNode, NodeOptions as LiteOptions,
+    Cluster, ClusterOptions, ContainerRecord, GpuNode, NodeOptions as LiteOptions, PodHistory,
+    PodSeen, wait_service_account,
 };
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -43,69 +42,39 @@ use tokio::task::JoinHandle;
 /// A correctness bound for every "eventually", not a speed target: generous because CI runs
 /// several of these clusters at once on two slow cores.
 pub(crate) const DEADLINE: Duration = Duration::from_secs(30);
-/// How often conditions are polled.
-const POLL: Duration = Duration::from_millis(50);
 
 /// Namespace every test object lives in.
 pub(crate) const NS: &str = "default";
-/// The scheduler name pods ask for.
-pub(crate) const SCHEDULER: &str = "tessera";
-/// The GPU container of every test pod.
-pub(crate) const CONTAINER: &str = "main";
 
-/// Annotation names of the user contract (SPEC.md), spelled out here on purpose: the tests
-/// check the contract, not the constants of the code under test.
-pub(crate) const FRACTION: &str = "tessera.dev/gpu-fraction";
-/// The PodGroup a pod belongs to.
-pub(crate) const POD_GROUP: &str = "tessera.dev/pod-group";
-/// The leaf queue label.
-pub(crate) const QUEUE_LABEL: &str = "tessera.dev/queue";
-/// Written by the coordinator: the exact GPUs per container.
-pub(crate) const ASSIGNMENT: &str = "tessera.dev/assignment";
+pub(crate) use tessera_testcluster::pods::{
+    ASSIGNMENT, CONTAINER, PodBuilder, SCHEDULER, names, node_of, pod, pod_scheduled_false,
+    unschedulable_message,
+};
 
 /// Eight 80 GB A100s joined by NVLink bridges in pairs (0-1, 2-3, 4-5, 6-7) and nothing else,
-/// so a two-GPU pod is NVLink-connected only when it lands on a pair. No `name`: the node
-/// name becomes the shape name, which gives each node its own GPU UUIDs.
-pub(crate) const A100_PAIRS: &str = r#"
-cpu_milli: 128000
-memory_mib: 1048576
-nvlinks:
-  - {a: 0, b: 1, links: 12}
-  - {a: 2, b: 3, links: 12}
-  - {a: 4, b: 5, links: 12}
-  - {a: 6, b: 7, links: 12}
-gpus:
-  - {model: A100-80GB, memory_mib: 81920, numa: 0, pci_bus_id: "0000:07:00.0"}
-  - {model: A100-80GB, memory_mib: 81920, numa: 0, pci_bus_id: "0000:0f:00.0"}
-  - {model: A100-80GB, memory_mib: 81920, numa: 0, pci_bus_id: "0000:47:00.0"}
-  - {model: A100-80GB, memory_mib: 81920, numa: 0, pci_bus_id: "0000:4e:00.0"}
-  - {model: A100-80GB, memory_mib: 81920, numa: 1, pci_bus_id: "0000:87:00.0"}
-  - {model: A100-80GB, memory_mib: 81920, numa: 1, pci_bus_id: "0000:90:00.0"}
-  - {model: A100-80GB, memory_mib: 81920, numa: 1, pci_bus_id: "0000:b7:00.0"}
-  - {model: A100-80GB, memory_mib: 81920, numa: 1, pci_bus_id: "0000:bd:00.0"}
-"#;
+/// four per NUMA node, so a two-GPU pod is NVLink-connected only when it lands on a pair.
+pub(crate) fn a100_pairs() -> String {
+    A100s::new(8)
+        .nvlink_pairs()
+        .numa_split()
+        .host(128_000, 1_048_576)
+        .yaml()
+}
 
 /// One 80 GB A100: fractional pods placed here must share it.
-pub(crate) const ONE_A100: &str = r#"
-cpu_milli: 32000
-memory_mib: 262144
-gpus:
-  - {model: A100-80GB, memory_mib: 81920, numa: 0, pci_bus_id: "0000:07:00.0"}
-"#;
+pub(crate) fn one_a100() -> String {
+    A100s::new(1).yaml()
+}
 
 /// Two 80 GB A100s, no NVLink: 20 `nvidia.com/gpu` slots at the agent's default 10 per GPU.
-pub(crate) const TWO_A100: &str = r#"
-cpu_milli: 64000
-memory_mib: 524288
-gpus:
-  - {model: A100-80GB, memory_mib: 81920, numa: 0, pci_bus_id: "0000:07:00.0"}
-  - {model: A100-80GB, memory_mib: 81920, numa: 0, pci_bus_id: "0000:0f:00.0"}
-"#;
+pub(crate) fn two_a100() -> String {
+    A100s::new(2).yaml()
+}
 
 /// What to start.
 pub(crate) struct Setup {
     /// Nodes: name and simulated GPU shape (YAML text in the `hack/gpus` format).
-    pub nodes: Vec<(String, &'static str)>,
+    pub nodes: Vec<(String, String)>,
     /// Coordinator replicas (leader-elected).
     pub coordinators: usize,
     /// Seconds a gang may stay below `minMember` before it is evicted whole.
@@ -118,7 +87,10 @@ impl Setup {
     /// Two 8-GPU NVLink-pair nodes (`node-a`, `node-b`) and one coordinator.
     pub(crate) fn two_nodes() -> Setup {
         Setup {
-            nodes: vec![("node-a".into(), A100_PAIRS), ("node-b".into(), A100_PAIRS)],
+            nodes: vec![
+                ("node-a".into(), a100_pairs()),
+                ("node-b".into(), a100_pairs()),
+            ],
             coordinators: 1,
             gang_grace_seconds: 300,
             kube_scheduler: false,
@@ -128,7 +100,7 @@ impl Setup {
     /// One 8-GPU NVLink-pair node (`node-a`) and one coordinator.
     pub(crate) fn one_node() -> Setup {
         Setup {
-            nodes: vec![("node-a".into(), A100_PAIRS)],
+            nodes: vec![("node-a".into(), a100_pairs())],
             coordinators: 1,
             gang_grace_seconds: 300,
             kube_scheduler: false,
@@ -138,17 +110,17 @@ impl Setup {
     /// One node (`node-a`) with a single GPU and one coordinator.
     pub(crate) fn one_gpu() -> Setup {
         Setup {
-            nodes: vec![("node-a".into(), ONE_A100)],
+            nodes: vec![("node-a".into(), one_a100())],
             coordinators: 1,
             gang_grace_seconds: 300,
             kube_scheduler: false,
         }
     }
 
-    /// One node (`node-a`) with two GPUs ([`TWO_A100`]) and one coordinator.
+    /// One node (`node-a`) with two GPUs ([`two_a100`]) and one coordinator.
     pub(crate) fn two_gpus() -> Setup {
         Setup {
-            nodes: vec![("node-a".into(), TWO_A100)],
+            nodes: vec![("node-a".into(), two_a100())],
             coordinators: 1,
             gang_grace_seconds: 300,
             kube_scheduler: false,
@@ -174,24 +146,8 @@ pub(crate) struct NodeSlot {
     pub name: String,
     /// The simulated GPUs the agent reads.
     pub sim: Arc<SimBackend>,
-    dir: PathBuf,
-    kubelet: Option<LiteNode>,
+    node: GpuNode,
     agent: Option<Agent>,
-}
-
-/// A pod as a watch saw it at one moment, in resourceVersion order.
-#[derive(Clone, Debug)]
-pub(crate) struct PodSeen {
-    /// Pod name.
-    pub name: String,
-    /// `spec.nodeName`.
-    pub node: Option<String>,
-    /// `tessera.dev/assignment`.
-    pub assignment: Option<String>,
-    /// `status.phase`.
-    pub phase: Option<String>,
-    /// This was the deletion.
-    pub deleted: bool,
 }
 
 /// A running end-to-end cluster.
@@ -207,8 +163,7 @@ pub(crate) struct E2e {
     service: SocketAddr,
     service_task: JoinHandle<()>,
     connections: Connections,
-    history: Arc<Mutex<Vec<PodSeen>>>,
-    history_task: JoinHandle<()>,
+    history: PodHistory,
     gang_grace_seconds: u64,
 }
 
@@ -243,9 +198,9 @@ impl E2e {
             })
         });
         let client = cluster.admin().await;
-        wait_default_service_account(&client).await;
+        wait_service_account(&client, NS, "default").await;
         apply_crds(&client).await;
-        let (history, history_task) = record_pods(client.clone()).await;
+        let history = PodHistory::start(client.clone(), NS).await;
         let coordinators = Arc::new(Mutex::new(Vec::new()));
         let connections: Connections = Arc::default();
         let (service, service_task) =
@@ -260,7 +215,6 @@ impl E2e {
             service_task,
             connections,
             history,
-            history_task,
             gang_grace_seconds: setup.gang_grace_seconds,
         };
         e2e.create_queue("default", 0.0).await;
@@ -346,7 +300,7 @@ impl E2e {
 
     /// Creates a pod.
     pub(crate) async fn create(&self, pod: PodBuilder) -> Pod {
-        let name = pod.name.clone();
+        let name = pod.name().to_owned();
         self.pods()
             .create(&PostParams::default(), &pod.build())
             .await
@@ -454,7 +408,7 @@ impl E2e {
         .await
     }
 
-    /// The pod now.
+    /// Pod `name` as the API server has it now; fails the test if it does not exist.
     pub(crate) async fn pod(&self, name: &str) -> Pod {
         self.pods()
             .get(name)
@@ -464,16 +418,7 @@ impl E2e {
 
     /// Events about pod `name`: (reason, message).
     pub(crate) async fn events_of(&self, name: &str) -> Vec<(String, String)> {
-        let events: Api<Event> = Api::namespaced(self.client.clone(), NS);
-        let list = events
-            .list(&ListParams::default())
-            .await
-            .unwrap_or_else(|e| panic!("listing events: {e}"));
-        list.items
-            .into_iter()
-            .filter(|e| e.involved_object.name.as_deref() == Some(name))
-            .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
-            .collect()
+        tessera_testcluster::pods::events_of(&self.client, NS, name).await
     }
 
     /// Every container any kubelet (any incarnation) started, with what its device
@@ -482,8 +427,8 @@ impl E2e {
         self.nodes
             .iter()
             .flat_map(|slot| {
-                let all = slot.kubelet.as_ref().map(LiteNode::containers);
-                all.into_iter().flatten().map(|r| (slot.name.clone(), r))
+                let all = slot.node.kubelet().containers();
+                all.into_iter().map(|r| (slot.name.clone(), r))
             })
             .collect()
     }
@@ -632,8 +577,7 @@ impl E2e {
     /// admitted, from the device manager's checkpoint.
     pub(crate) async fn restart_kubelet(&mut self, node: &str) {
         let slot = self.slot_mut(node);
-        let kubelet = slot.kubelet.as_mut().expect("the kubelet runs");
-        tokio::task::block_in_place(|| kubelet.restart());
+        tokio::task::block_in_place(|| slot.node.kubelet_mut().restart());
     }
 
     /// Waits until the kubelet of `node` has the agent's GPU slots again (its pod-resources
@@ -641,12 +585,7 @@ impl E2e {
     /// fail with "no healthy devices present", as on a real node.
     pub(crate) async fn wait_kubelet_has_the_agents_devices(&self, node: &str) {
         use tessera_proto::podresources::v1 as pr;
-        let socket = self
-            .slot(node)
-            .kubelet
-            .as_ref()
-            .expect("the kubelet runs")
-            .pod_resources_socket();
+        let socket = self.slot(node).node.kubelet().pod_resources_socket();
         self.wait_until("the kubelet to list the agent's GPU slots again", || {
             let socket = socket.clone();
             async move {
@@ -669,14 +608,14 @@ impl E2e {
 
     /// Everything the pod watch saw, in order.
     pub(crate) fn history(&self) -> Vec<PodSeen> {
-        self.history.lock().clone()
+        self.history.seen()
     }
 
     /// Waits until the pod watch has seen a pod change that `seen` accepts (polled often, so
     /// that the caller can act "in the middle" of what the coordinator is doing).
     pub(crate) async fn wait_seen(&self, what: &str, seen: impl Fn(&PodSeen) -> bool) {
         let deadline = tokio::time::Instant::now() + DEADLINE;
-        while !self.history.lock().iter().any(&seen) {
+        while !self.history.any(&seen) {
             if tokio::time::Instant::now() >= deadline {
                 panic!(
                     "timed out after {DEADLINE:?} waiting for {what}\n{}",
@@ -688,57 +627,15 @@ impl E2e {
     }
 
     /// Checks the binding history: no pod ever moved to another node, and no pod's
-    /// assignment changed once it was bound (the agent allocates from the annotation, so a
-    /// changed one means two decisions for one pod).
+    /// assignment changed once it was bound.
     pub(crate) fn assert_bound_at_most_once(&self) {
-        let mut bound: BTreeMap<String, (String, Option<String>)> = BTreeMap::new();
-        for seen in self.history() {
-            if seen.deleted {
-                bound.remove(&seen.name);
-                continue;
-            }
-            let Some(node) = &seen.node else { continue };
-            match bound.get(&seen.name) {
-                None => {
-                    bound.insert(seen.name.clone(), (node.clone(), seen.assignment.clone()));
-                }
-                Some((first_node, first_assignment)) => {
-                    assert_eq!(
-                        first_node, node,
-                        "pod {} was bound to {first_node} and later to {node}",
-                        seen.name
-                    );
-                    assert_eq!(
-                        first_assignment, &seen.assignment,
-                        "pod {}'s assignment changed after it was bound to {node}",
-                        seen.name
-                    );
-                }
-            }
-        }
+        self.history.assert_bound_at_most_once();
     }
 
-    /// Checks that every pod of `names` was bound, and that none was ever seen bound without
-    /// its assignment or with an assignment before it was bound: the Binding carries the
-    /// assignment onto the pod in the same write.
+    /// Checks that every pod of `names` was bound with its assignment in the same write.
     pub(crate) fn assert_bound_with_assignment_in_one_write(&self, names: &[String]) {
-        let history = self.history();
-        for name in names {
-            let seen: Vec<_> = history.iter().filter(|s| &s.name == name).collect();
-            assert!(
-                seen.iter().any(|s| s.node.is_some()),
-                "{name} was never bound"
-            );
-            for s in seen {
-                assert_eq!(
-                    s.node.is_some(),
-                    s.assignment.is_some(),
-                    "{name} was seen with node {:?} and assignment {:?}",
-                    s.node,
-                    s.assignment
-                );
-            }
-        }
+        self.history
+            .assert_bound_with_assignment_in_one_write(names);
     }
 
     /// A picture of the cluster for failure messages.
@@ -756,32 +653,7 @@ impl E2e {
             })
             .collect();
         let _ = writeln!(out, "{}", leaders.join(", "));
-        match self.pods().list(&ListParams::default()).await {
-            Ok(list) => {
-                for pod in list.items {
-                    let name = pod.metadata.name.clone().unwrap_or_default();
-                    let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-                    let status = pod.status.clone().unwrap_or_default();
-                    let condition = unschedulable_message(&pod).unwrap_or_default();
-                    let assignment = pod
-                        .metadata
-                        .annotations
-                        .as_ref()
-                        .and_then(|a| a.get(ASSIGNMENT).cloned())
-                        .unwrap_or_default();
-                    let _ = writeln!(
-                        out,
-                        "  pod {name}: node={node:?} phase={:?} {} {} unschedulable={condition:?} assignment={assignment}",
-                        status.phase,
-                        status.reason.unwrap_or_default(),
-                        status.message.unwrap_or_default(),
-                    );
-                }
-            }
-            Err(e) => {
-                let _ = writeln!(out, "  (pods could not be listed: {e})");
-            }
-        }
+        out.push_str(&tessera_testcluster::pods::describe_pods(&self.client, NS).await);
         for (node, r) in self.containers() {
             let _ = writeln!(
                 out,
@@ -804,11 +676,8 @@ impl E2e {
             if let Some(agent) = slot.agent.take() {
                 let _ = agent.stop().await;
             }
-            if let Some(mut kubelet) = slot.kubelet.take() {
-                tokio::task::block_in_place(|| kubelet.stop());
-            }
+            tokio::task::block_in_place(|| slot.node.kubelet_mut().stop());
         }
-        self.history_task.abort();
         drop(self.cluster.take());
     }
 }
@@ -847,54 +716,6 @@ async fn apply_crds(client: &kube::Client) {
             .await
             .unwrap_or_else(|e| panic!("applying CRD {name}: {e}"));
     }
-}
-
-/// Records every pod change in the namespace, in the order the API server made them.
-/// Returns once the watch has listed: a pod created after that is seen from its creation
-/// on, in resourceVersion order (an initial list would show it in name order instead).
-async fn record_pods(client: kube::Client) -> (Arc<Mutex<Vec<PodSeen>>>, JoinHandle<()>) {
-    let history = Arc::new(Mutex::new(Vec::new()));
-    let sink = Arc::clone(&history);
-    let (listed_tx, listed) = tokio::sync::oneshot::channel();
-    let mut listed_tx = Some(listed_tx);
-    let task = tokio::spawn(async move {
-        let pods: Api<Pod> = Api::namespaced(client, NS);
-        let stream = watcher(pods, watcher::Config::default());
-        futures::pin_mut!(stream);
-        while let Some(event) = stream.next().await {
-            let (pod, deleted) = match event {
-                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => (p, false),
-                Ok(watcher::Event::Delete(p)) => (p, true),
-                Ok(watcher::Event::InitDone) => {
-                    if let Some(tx) = listed_tx.take() {
-                        let _ = tx.send(());
-                    }
-                    continue;
-                }
-                Ok(_) => continue,
-                Err(_) => {
-                    tokio::time::sleep(POLL).await;
-                    continue;
-                }
-            };
-            sink.lock().push(PodSeen {
-                name: pod.metadata.name.clone().unwrap_or_default(),
-                node: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
-                assignment: pod
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(ASSIGNMENT).cloned()),
-                phase: pod.status.as_ref().and_then(|s| s.phase.clone()),
-                deleted,
-            });
-        }
-    });
-    tokio::time::timeout(DEADLINE, listed)
-        .await
-        .expect("the pod watch listed in time")
-        .expect("the pod watch task runs");
-    (history, task)
 }
 
 /// Open connections through the agent Service: the replica each goes to, and its task.
@@ -955,45 +776,25 @@ async fn start_node(
     shape: &str,
     service: SocketAddr,
 ) -> NodeSlot {
-    let dir = root.join(name);
-    for sub in ["state", "proc"] {
-        std::fs::create_dir_all(dir.join(sub)).expect("node directories");
-    }
     let sim = Arc::new(SimBackend::from_yaml(shape, name).expect("GPU shape parses"));
     let mut options = LiteOptions::new(name);
     options.capacity = BTreeMap::from([
         ("cpu".to_owned(), "64".to_owned()),
         ("memory".to_owned(), "512Gi".to_owned()),
     ]);
-    // The kubelet serves kubelet.sock before any plugin registers; the agent starts after.
-    let kubelet = tokio::task::block_in_place(|| LiteNode::start(cluster, options));
+    let node = tokio::task::block_in_place(|| GpuNode::start(cluster, root, options, shape));
     let mut slot = NodeSlot {
         name: name.into(),
         sim,
-        dir,
-        kubelet: Some(kubelet),
+        node,
         agent: None,
     };
     slot.agent = Some(start_agent(&slot, service).await);
     slot
 }
 
-/// Waits for the `default` ServiceAccount of the test namespace (created by the
-/// serviceaccount controller; the ServiceAccount admission plugin refuses pods without it).
-async fn wait_default_service_account(client: &kube::Client) {
-    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), NS);
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while sas.get("default").await.is_err() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the serviceaccount controller did not create {NS}/default"
-        );
-        tokio::time::sleep(POLL).await;
-    }
-}
-
 async fn start_agent(slot: &NodeSlot, service: SocketAddr) -> Agent {
-    let kubelet = slot.kubelet.as_ref().expect("the node's kubelet runs");
+    let kubelet = slot.node.kubelet();
     // As in the chart: the node's pods come over the coordinator stream, not from the API.
     let source = Arc::new(CoordinatorPods::new());
     let config = AgentConfig {
@@ -1001,7 +802,7 @@ async fn start_agent(slot: &NodeSlot, service: SocketAddr) -> Agent {
         backend: Backend::Sim(Arc::clone(&slot.sim)),
         device_plugin_dir: kubelet.device_plugin_dir(),
         pod_resources_socket: kubelet.pod_resources_socket(),
-        state_dir: slot.dir.join("state"),
+        state_dir: slot.node.state_dir(),
         admin_socket: None,
         options: NodeOptions::default(),
         source: source.clone(),
@@ -1012,7 +813,7 @@ async fn start_agent(slot: &NodeSlot, service: SocketAddr) -> Agent {
         coordinator: Some(format!("http://{service}")),
         coordinator_token_file: None,
         coordinator_ca_file: None,
-        proc_root: slot.dir.join("proc"),
+        proc_root: slot.node.proc_root(),
         watchdog: None,
         events: Arc::new(tessera_agent::events::LogEvents),
         mps: Default::default(),
@@ -1023,101 +824,9 @@ async fn start_agent(slot: &NodeSlot, service: SocketAddr) -> Agent {
         .unwrap_or_else(|e| panic!("the agent of {} starts: {e}", slot.name))
 }
 
-/// A test pod.
-#[derive(Clone, Debug)]
-pub(crate) struct PodBuilder {
-    name: String,
-    gpus: u32,
-    annotations: BTreeMap<String, String>,
-    labels: BTreeMap<String, String>,
-    spec: serde_json::Map<String, serde_json::Value>,
-}
-
-/// A pod `name` for the tessera scheduler with one container and no GPU yet.
-pub(crate) fn pod(name: &str) -> PodBuilder {
-    PodBuilder {
-        name: name.into(),
-        gpus: 0,
-        annotations: BTreeMap::new(),
-        labels: BTreeMap::new(),
-        spec: serde_json::Map::new(),
-    }
-}
-
-impl PodBuilder {
-    /// `nvidia.com/gpu: n`.
-    pub(crate) fn gpus(mut self, n: u32) -> Self {
-        self.gpus = n;
-        self
-    }
-
-    /// One GPU, with `tessera.dev/gpu-fraction: <fraction>`.
-    pub(crate) fn fraction(self, fraction: &str) -> Self {
-        self.gpus(1).annotation(FRACTION, fraction)
-    }
-
-    /// Member of PodGroup `group`.
-    pub(crate) fn group(self, group: &str) -> Self {
-        self.annotation(POD_GROUP, group)
-    }
-
-    /// In leaf queue `queue`.
-    pub(crate) fn queue(self, queue: &str) -> Self {
-        self.label(QUEUE_LABEL, queue)
-    }
-
-    /// Adds an annotation.
-    pub(crate) fn annotation(mut self, key: &str, value: &str) -> Self {
-        self.annotations.insert(key.into(), value.into());
-        self
-    }
-
-    /// Adds a label.
-    pub(crate) fn label(mut self, key: &str, value: &str) -> Self {
-        self.labels.insert(key.into(), value.into());
-        self
-    }
-
-    /// Sets a field of the pod's spec as the API spells it (`affinity`, `tolerations`,
-    /// `schedulingGates`, `topologySpreadConstraints`, ...).
-    pub(crate) fn spec_field(mut self, key: &str, value: serde_json::Value) -> Self {
-        self.spec.insert(key.into(), value);
-        self
-    }
-
-    /// The pod object.
-    pub(crate) fn build(&self) -> Pod {
-        let mut resources = json!({"requests": {"cpu": "100m", "memory": "128Mi"}});
-        if self.gpus > 0 {
-            resources["limits"] = json!({"nvidia.com/gpu": self.gpus.to_string()});
-        }
-        let mut spec = json!({
-            "schedulerName": SCHEDULER,
-            "containers": [{"name": CONTAINER, "image": "cuda", "resources": resources}],
-        });
-        if let Some(fields) = spec.as_object_mut() {
-            fields.extend(self.spec.clone());
-        }
-        serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {
-                "name": self.name, "namespace": NS,
-                "annotations": self.annotations, "labels": self.labels,
-            },
-            "spec": spec,
-        }))
-        .expect("a valid pod")
-    }
-}
-
 /// Number of GPUs of a simulated machine.
 pub(crate) fn gpu_count(sim: &SimBackend) -> u32 {
     (0..).take_while(|&i| sim.uuid_of(i).is_some()).count() as u32
-}
-
-/// `prefix-0` .. `prefix-{n-1}`.
-pub(crate) fn names(prefix: &str, n: usize) -> Vec<String> {
-    (0..n).map(|i| format!("{prefix}-{i}")).collect()
 }
 
 /// The pod's `tessera.dev/assignment`, parsed.
@@ -1130,29 +839,6 @@ pub(crate) fn assignment_of(pod: &Pod) -> Assignment {
         .and_then(|a| a.get(ASSIGNMENT))
         .unwrap_or_else(|| panic!("pod {name} has no {ASSIGNMENT}"));
     Assignment::from_json(text).unwrap_or_else(|e| panic!("pod {name}: bad {ASSIGNMENT}: {e}"))
-}
-
-/// The node a pod is bound to.
-pub(crate) fn node_of(pod: &Pod) -> Option<String> {
-    pod.spec.as_ref().and_then(|s| s.node_name.clone())
-}
-
-/// The message of a `PodScheduled=False, reason=Unschedulable` condition.
-pub(crate) fn unschedulable_message(pod: &Pod) -> Option<String> {
-    pod_scheduled_false(pod, "Unschedulable")
-}
-
-/// The message of a `PodScheduled=False` condition with `reason`.
-pub(crate) fn pod_scheduled_false(pod: &Pod, reason: &str) -> Option<String> {
-    pod.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| {
-            c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some(reason)
-        })
-        .map(|c| c.message.clone().unwrap_or_default())
 }
 
 /// Checks what the device plugin gave a container against its assignment: the same GPUs,

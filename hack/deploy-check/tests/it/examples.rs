@@ -82,7 +82,7 @@ async fn examples_are_placed_as_described() {
     // 8 workers x 8 GPUs, all in one rack: only r1 has eight nodes.
     apply_example(&h, "training-gang.yaml").await;
     let gang = wait_placed(&h, "the training gang", "job-name=llama-pretrain", 8).await;
-    let gang_nodes: BTreeSet<String> = gang.iter().map(node_of).collect();
+    let gang_nodes: BTreeSet<String> = gang.iter().filter_map(node_of).collect();
     assert_eq!(gang_nodes.len(), 8, "one worker per node: {gang_nodes:?}");
     let gang_racks: BTreeSet<&String> = gang_nodes.iter().map(|n| &racks[n]).collect();
     assert_eq!(gang_racks.len(), 1, "the gang spans racks: {gang_nodes:?}");

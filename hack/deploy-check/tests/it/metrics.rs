@@ -63,7 +63,7 @@ async fn coordinator_and_agent_metrics_pass_promlint() {
         );
     }
 
-    let agent = h.node("gpu-0").agent.metrics;
+    let agent = h.node("gpu-0").metrics;
     let text = h
         .wait_until("an agent exposition with its GPUs", || async {
             let text = common::scrape(agent).await;

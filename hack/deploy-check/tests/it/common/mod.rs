@@ -8,26 +8,27 @@
 //! coordinator checks with TokenReview, as in a cluster.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
-use kube::core::GroupVersionKind;
 use serde_json::{Value, json};
 use tessera_coordinator::agents::Authenticator;
 use tessera_coordinator::cluster::leader::LeaseConfig;
 use tessera_coordinator::cluster::{Coordinator, CoordinatorConfig, CoordinatorHandle};
 use tessera_deploy_check::chart::{self, Release};
 use tessera_deploy_check::{kinds, manifests};
-use tessera_testcluster::{Cluster, ClusterOptions, LiteNode, NodeOptions, pod_bound_token};
+use tessera_testcluster::pods::{describe_pods, events_of, pod};
+use tessera_testcluster::shapes::A100s;
+use tessera_testcluster::{
+    AgentProcess, Cluster, ClusterOptions, GpuNode, NodeOptions, free_port, pod_bound_token,
+    wait_service_account,
+};
 
-/// A correctness bound for every "eventually", not a speed target.
-pub(crate) const DEADLINE: Duration = Duration::from_secs(90);
-const POLL: Duration = Duration::from_millis(100);
+pub(crate) use tessera_testcluster::pods::{is_bound, is_running, node_of, slices};
+pub(crate) use tessera_testcluster::{apply, scrape, wait_crd_established};
 
 /// The release namespace of the chart's default render.
 pub(crate) const NAMESPACE: &str = "tessera-system";
@@ -43,12 +44,12 @@ pub(crate) const TOKEN_AUDIENCE: &str = "tessera";
 /// The Lease the chart's Role lets the coordinator use (values `leaderElection.leaseName`).
 pub(crate) const LEASE: &str = "tessera-coordinator";
 
-/// The repository root.
+/// The repository root, where the chart and the examples live.
 pub(crate) fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The chart directory.
+/// The Helm chart's directory (`deploy/helm/tessera`), as `helm template` is given it.
 pub(crate) fn chart_dir() -> PathBuf {
     repo().join(manifests::CHART_DIR)
 }
@@ -133,27 +134,19 @@ impl NodeSpec {
         self
     }
 
-    /// The simulated machine in the hack/gpus format; no `name`, so the file name (the node
-    /// name) gives each node its own GPU UUIDs.
+    /// The simulated machine: `gpus` A100s, NVLink-connected in pairs, in a host big enough
+    /// that CPU and memory never decide.
     fn shape_yaml(&self) -> String {
-        let mut s = String::from("cpu_milli: 256000\nmemory_mib: 2097152\nnvlinks:\n");
-        for i in (0..self.gpus.saturating_sub(1)).step_by(2) {
-            s.push_str(&format!("  - {{a: {i}, b: {}, links: 12}}\n", i + 1));
-        }
-        s.push_str("gpus:\n");
-        for i in 0..self.gpus {
-            s.push_str(&format!(
-                "  - {{model: A100-80GB, memory_mib: 81920, numa: 0, pci_bus_id: \"0000:{:02x}:00.0\"}}\n",
-                i + 1
-            ));
-        }
-        s
+        A100s::new(self.gpus)
+            .nvlink_pairs()
+            .host(256_000, 2_097_152)
+            .yaml()
     }
 }
 
 /// What to start.
 pub(crate) struct Options {
-    /// The nodes.
+    /// The GPU nodes to start, each with its own agent process.
     pub nodes: Vec<NodeSpec>,
     /// kube-controller-manager controllers (`serviceaccount-controller` at least: pods
     /// need their namespace's ServiceAccount).
@@ -173,43 +166,24 @@ impl Options {
     }
 }
 
-/// The agent process; killed and reaped on drop so a failing test leaves no orphan.
-pub(crate) struct AgentProcess {
-    child: Child,
-    log: PathBuf,
-    /// Where its `/metrics` is served.
-    pub metrics: SocketAddr,
-}
-
-impl AgentProcess {
-    /// The agent's log (stderr) so far.
-    pub(crate) fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for AgentProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// One node: the kubelet-lite and its agent.
 pub(crate) struct NodeSlot {
     /// The spec it was started from.
     pub spec: NodeSpec,
     /// The agent (dropped before the kubelet).
     pub agent: AgentProcess,
-    /// The kubelet-lite, held so the node runs as long as the harness.
-    pub(crate) _kubelet: LiteNode,
+    /// Where the agent serves `/metrics`.
+    pub metrics: SocketAddr,
+    /// The kubelet-lite and the agent's directories, held so the node runs as long as the
+    /// harness.
+    pub(crate) _node: GpuNode,
 }
 
 /// A running deployment.
 pub(crate) struct Harness {
-    /// The nodes.
+    /// The running nodes, in the order of [`Options::nodes`].
     pub nodes: Vec<NodeSlot>,
-    /// The coordinator.
+    /// The in-process coordinator acting as the chart's ServiceAccount; `None` once shut down.
     pub coordinator: Option<CoordinatorHandle>,
     /// A cluster-admin client (the test's own requests).
     pub admin: kube::Client,
@@ -217,12 +191,6 @@ pub(crate) struct Harness {
     pub dir: tempfile::TempDir,
     /// The control plane (dropped last).
     pub cluster: Cluster,
-}
-
-/// A free TCP port on 127.0.0.1 (the agent prints no bound address, so it gets a fixed one).
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    l.local_addr().expect("bound address").port()
 }
 
 impl Harness {
@@ -279,12 +247,7 @@ impl Harness {
             let name = crd["metadata"]["name"].as_str().unwrap_or_default();
             wait_crd_established(&self.admin, name).await;
         }
-        self.wait_until("the default ServiceAccount", || async {
-            let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
-                Api::namespaced(self.admin.clone(), "default");
-            sas.get("default").await.ok().map(|_| ())
-        })
-        .await;
+        wait_service_account(&self.admin, "default", "default").await;
         for kind in [
             "ServiceAccount",
             "ClusterRole",
@@ -302,7 +265,7 @@ impl Harness {
 
     /// Creates one object (any kind the server serves) as the admin.
     pub(crate) async fn apply(&self, doc: &Value) -> DynamicObject {
-        apply(&self.admin, doc).await
+        tessera_testcluster::apply(&self.admin, doc).await
     }
 
     async fn start_coordinator(&mut self) {
@@ -347,12 +310,6 @@ impl Harness {
     }
 
     async fn start_node(&self, spec: &NodeSpec) -> NodeSlot {
-        let dir = self.dir.path().join(&spec.name);
-        for sub in ["state", "proc"] {
-            std::fs::create_dir_all(dir.join(sub)).expect("node directories");
-        }
-        let shape = dir.join(format!("{}.yaml", spec.name));
-        std::fs::write(&shape, spec.shape_yaml()).expect("shape file");
         let mut options = NodeOptions::new(&spec.name);
         options.labels = spec.labels.clone();
         options.capacity = BTreeMap::from([
@@ -360,7 +317,9 @@ impl Harness {
             ("memory".to_owned(), "2Ti".to_owned()),
             ("pods".to_owned(), "110".to_owned()),
         ]);
-        let kubelet = tokio::task::block_in_place(|| LiteNode::start(&self.cluster, options));
+        let node = tokio::task::block_in_place(|| {
+            GpuNode::start(&self.cluster, self.dir.path(), options, &spec.shape_yaml())
+        });
 
         // The DaemonSet pod's token: the agent ServiceAccount's, bound to a pod on this node,
         // so the coordinator's TokenReview learns the node.
@@ -385,7 +344,7 @@ impl Harness {
             &[TOKEN_AUDIENCE],
         )
         .await;
-        let token_file = dir.join("token");
+        let token_file = node.dir().join("token");
         std::fs::write(&token_file, token).expect("token file");
         let kubeconfig = tokio::task::block_in_place(|| {
             self.cluster.service_account_kubeconfig(NAMESPACE, AGENT_SA)
@@ -396,41 +355,24 @@ impl Harness {
             .agent_addr()
             .expect("the coordinator serves agents");
         let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let log = dir.join("agent.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_deploy-check-agent"))
-            .arg("run")
-            .args(["--node-name", &spec.name])
-            .arg(format!("--gpu-backend=sim:{}", shape.display()))
-            .arg("--device-plugin-dir")
-            .arg(kubelet.device_plugin_dir())
-            .arg("--pod-resources-socket")
-            .arg(kubelet.pod_resources_socket())
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .arg("--admin-socket")
-            .arg(dir.join("agent.sock"))
-            .arg("--proc-root")
-            .arg(dir.join("proc"))
-            .arg(format!("--coordinator=http://{coordinator}"))
-            .arg("--coordinator-token-file")
-            .arg(&token_file)
-            .arg(format!("--metrics-addr={metrics}"))
-            .args(["--reconcile-interval-secs", "1", "--no-watchdog"])
-            .env("KUBECONFIG", &kubeconfig)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(&log).expect("agent log"))
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting the agent of {}: {e}", spec.name));
+        let agent = AgentProcess::start(
+            Path::new(env!("CARGO_BIN_EXE_deploy-check-agent")),
+            &node,
+            &kubeconfig,
+            [
+                format!("--admin-socket={}", node.dir().join("agent.sock").display()),
+                format!("--coordinator=http://{coordinator}"),
+                format!("--coordinator-token-file={}", token_file.display()),
+                format!("--metrics-addr={metrics}"),
+                "--reconcile-interval-secs=1".into(),
+                "--no-watchdog".into(),
+            ],
+        );
         NodeSlot {
             spec: spec.clone(),
-            agent: AgentProcess {
-                child,
-                log,
-                metrics,
-            },
-            _kubelet: kubelet,
+            agent,
+            metrics,
+            _node: node,
         }
     }
 
@@ -486,50 +428,17 @@ impl Harness {
 
     /// Events about pod `default/name`: (reason, message).
     pub(crate) async fn events_of(&self, name: &str) -> Vec<(String, String)> {
-        let events: Api<Event> = Api::namespaced(self.admin.clone(), "default");
-        events
-            .list(&ListParams::default())
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|e| e.involved_object.name.as_deref() == Some(name))
-            .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
-            .collect()
+        events_of(&self.admin, "default", name).await
     }
 
     /// Pods and their state, the agents' log tails, for failure messages.
     pub(crate) async fn describe(&self) -> String {
-        let mut out = String::new();
-        for pod in self.pods("default").await {
-            let status = pod.status.clone().unwrap_or_default();
-            let cond = status
-                .conditions
-                .unwrap_or_default()
-                .into_iter()
-                .find(|c| c.type_ == "PodScheduled")
-                .map(|c| {
-                    format!(
-                        "{} {}",
-                        c.reason.unwrap_or_default(),
-                        c.message.unwrap_or_default()
-                    )
-                })
-                .unwrap_or_default();
-            out.push_str(&format!(
-                "  {} node={:?} phase={:?} {cond}\n",
-                pod.metadata.name.unwrap_or_default(),
-                pod.spec.and_then(|s| s.node_name),
-                status.phase,
-            ));
-        }
+        let mut out = describe_pods(&self.admin, "default").await;
         for n in &self.nodes {
-            let log = n.agent.log();
-            let lines: Vec<&str> = log.lines().collect();
             out.push_str(&format!(
                 "--- agent of {}:\n{}\n",
                 n.spec.name,
-                lines[lines.len().saturating_sub(15)..].join("\n")
+                n.agent.log_tail(15)
             ));
         }
         out
@@ -543,85 +452,8 @@ impl Harness {
     }
 }
 
-/// Creates one object (any kind the server serves) with `client`, retrying while its kind is
-/// not yet discoverable (a CRD that was just Established).
-pub(crate) async fn apply(client: &kube::Client, doc: &Value) -> DynamicObject {
-    let api_version = doc["apiVersion"].as_str().expect("apiVersion");
-    let kind = doc["kind"].as_str().expect("kind");
-    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-    let gvk = GroupVersionKind::gvk(group, version, kind);
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    let (resource, caps) = loop {
-        match kube::discovery::pinned_kind(client, &gvk).await {
-            Ok(found) => break found,
-            Err(e) => assert!(
-                tokio::time::Instant::now() < deadline,
-                "discovering {api_version} {kind}: {e}"
-            ),
-        }
-        tokio::time::sleep(POLL).await;
-    };
-    let api: Api<DynamicObject> = match caps.scope {
-        kube::discovery::Scope::Namespaced => {
-            let ns = doc["metadata"]["namespace"].as_str().unwrap_or("default");
-            Api::namespaced_with(client.clone(), ns, &resource)
-        }
-        kube::discovery::Scope::Cluster => Api::all_with(client.clone(), &resource),
-    };
-    let obj: DynamicObject = serde_json::from_value(doc.clone()).expect("object");
-    api.create(&PostParams::default(), &obj)
-        .await
-        .unwrap_or_else(|e| panic!("creating {kind} {:?}: {e}", doc["metadata"]["name"]))
-}
-
-/// Waits until CRD `name` has condition Established=True.
-pub(crate) async fn wait_crd_established(client: &kube::Client, name: &str) {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let established = crds.get(name).await.ok().is_some_and(|c| {
-            c.status
-                .and_then(|s| s.conditions)
-                .unwrap_or_default()
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-        });
-        if established {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "CRD {name} was not Established"
-        );
-        tokio::time::sleep(POLL).await;
-    }
-}
-
-/// `GET /metrics` from `addr` over plain HTTP/1.0: the body.
-pub(crate) async fn scrape(addr: SocketAddr) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr)
-        .await
-        .unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-        .await
-        .expect("request");
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.expect("response");
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("no HTTP response from {addr}: {text:?}"));
-    assert!(
-        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
-        "{addr}/metrics: {head}"
-    );
-    body.to_owned()
-}
-
 /// A pod for the tessera scheduler in `default`, with one `main` container asking for
-/// `gpus` nvidia.com/gpu.
+/// `gpus` nvidia.com/gpu, in `queue` at `priority_class`, with `annotations` (a JSON object).
 pub(crate) fn gpu_pod(
     name: &str,
     queue: &str,
@@ -629,69 +461,12 @@ pub(crate) fn gpu_pod(
     priority_class: &str,
     annotations: Value,
 ) -> Pod {
-    serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": "default",
-            "labels": {"tessera.dev/queue": queue},
-            "annotations": annotations,
-        },
-        "spec": {
-            "schedulerName": "tessera",
-            "priorityClassName": priority_class,
-            "containers": [{
-                "name": "main",
-                "image": "busybox",
-                "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}},
-            }],
-        },
-    }))
-    .expect("pod object")
-}
-
-/// Whether the pod is bound to a node.
-pub(crate) fn is_bound(pod: &Pod) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.node_name.as_ref())
-        .is_some()
-}
-
-/// Whether the pod runs: its kubelet admitted it, which needs its agent's Allocate.
-pub(crate) fn is_running(pod: &Pod) -> bool {
-    pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-}
-
-/// `(uuid, memory MiB, compute milli)` of each GPU in the pod's `tessera.dev/assignment`.
-pub(crate) fn slices(pod: &Pod) -> Vec<(String, u64, u64)> {
-    let text = pod
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get("tessera.dev/assignment"))
-        .unwrap_or_else(|| panic!("{:?} has no assignment", pod.metadata.name));
-    let a: Value = serde_json::from_str(text).expect("assignment JSON");
-    a["containers"]
-        .as_array()
-        .expect("containers")
-        .iter()
-        .flat_map(|c| c["gpus"].as_array().cloned().unwrap_or_default())
-        .map(|g| {
-            (
-                g["uuid"].as_str().unwrap_or_default().to_owned(),
-                g["memory_mib"].as_u64().unwrap_or(0),
-                g["compute_milli"].as_u64().unwrap_or(0),
-            )
-        })
-        .collect()
-}
-
-/// The node a pod is bound to.
-pub(crate) fn node_of(pod: &Pod) -> String {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.node_name.clone())
-        .unwrap_or_default()
+    let mut pod = pod(name)
+        .queue(queue)
+        .gpus(gpus)
+        .priority_class(priority_class);
+    for (key, value) in annotations.as_object().into_iter().flatten() {
+        pod = pod.annotation(key, value.as_str().expect("annotation values are strings"));
+    }
+    pod.build()
 }
