@@ -49,9 +49,9 @@ pub enum AssignmentError {
         "container {container:?} GPU {uuid}: compute_milli {compute_milli} is outside 1..=1000"
     )]
     ComputeShare {
-        /// The container.
+        /// Name of the container whose entry carries the share.
         container: String,
-        /// The GPU.
+        /// UUID of the GPU the share is for.
         uuid: String,
         /// The share as written.
         compute_milli: u32,

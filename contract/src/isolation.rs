@@ -48,7 +48,7 @@ impl Isolation {
             })
     }
 
-    /// The annotation value.
+    /// The `tessera.dev/isolation` value naming this mode, which [`Isolation::parse`] reads back.
     pub fn as_str(self) -> &'static str {
         match self {
             Isolation::Watchdog => "watchdog",

@@ -57,7 +57,7 @@ pub struct SpecContainer<'a> {
     pub kind: &'static str,
     /// Its index in that list.
     pub index: usize,
-    /// The container.
+    /// The container spec itself, for its name and resources.
     pub container: &'a Container,
 }
 

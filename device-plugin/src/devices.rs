@@ -117,7 +117,7 @@ impl DeviceList {
         changed
     }
 
-    /// The current list.
+    /// The devices as last published, what the next `ListAndWatch` response carries.
     pub fn snapshot(&self) -> Arc<Vec<Device>> {
         self.tx.borrow().clone()
     }

@@ -14,7 +14,7 @@ pub enum ProviderError {
         "unknown device ids {ids:?}: only ids advertised through ListAndWatch can be allocated"
     )]
     UnknownDevices {
-        /// The offending ids.
+        /// The requested device ids that are not in the advertised list.
         ids: Vec<String>,
     },
     /// The request is malformed (wrong count, contradictory fields).
@@ -60,23 +60,23 @@ pub enum PluginError {
     InvalidConfig {
         /// Name of the setting.
         field: &'static str,
-        /// The value given.
+        /// The value as the caller passed it, for the message.
         value: String,
-        /// The accepted form.
+        /// What the setting accepts, with an example.
         expected: &'static str,
     },
     /// The plugin socket could not be prepared or bound.
     #[error("cannot serve on {path}: {source}")]
     Bind {
-        /// Socket path.
+        /// The plugin's socket in the device-plugin directory (`<dir>/<endpoint>`).
         path: PathBuf,
-        /// Underlying error.
+        /// Why removing a stale socket or binding failed.
         source: io::Error,
     },
     /// Something in the device-plugin directory is in the way.
     #[error("cannot use {path}: {reason}")]
     Path {
-        /// The path.
+        /// The device-plugin directory (the kubelet's, mounted into the agent pod) that is missing.
         path: PathBuf,
         /// What is wrong with it.
         reason: String,
@@ -86,7 +86,7 @@ pub enum PluginError {
     Serve {
         /// Resource the server was for.
         resource: String,
-        /// Underlying error.
+        /// Why tonic stopped serving the socket.
         source: tonic::transport::Error,
     },
     /// Installing a signal handler failed.

@@ -14,7 +14,8 @@ pub struct PluginOptions {
 }
 
 impl PluginOptions {
-    /// The wire form.
+    /// These options as the kubelet API message, sent in `Register` and
+    /// `GetDevicePluginOptions`.
     pub fn to_api(self) -> api::DevicePluginOptions {
         api::DevicePluginOptions {
             pre_start_required: self.pre_start_required,

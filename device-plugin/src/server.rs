@@ -51,7 +51,7 @@ impl PluginServer {
         Self { config, provider }
     }
 
-    /// The configuration.
+    /// The resource name, socket and directory paths, and timings this server was built with.
     pub fn config(&self) -> &PluginConfig {
         &self.config
     }

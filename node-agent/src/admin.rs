@@ -26,17 +26,18 @@ pub enum AdminError {
     /// Socket I/O.
     #[error("admin socket {path}: {source}")]
     Io {
-        /// Socket path.
+        /// The admin socket (`--admin-socket`).
         path: PathBuf,
-        /// Underlying error.
+        /// Why binding, connecting, writing or reading failed; a missing socket usually means
+        /// the agent is not running.
         source: std::io::Error,
     },
     /// The agent answered something unreadable.
     #[error("admin socket {path}: unreadable answer: {reason}")]
     Protocol {
-        /// Socket path.
+        /// The admin socket (`--admin-socket`).
         path: PathBuf,
-        /// Why.
+        /// What the JSON parser refused; usually an agent of another version.
         reason: String,
     },
     /// The agent refused the request.
@@ -144,13 +145,13 @@ pub enum Response {
     Topology(TopologyReport),
     /// A command that only acknowledges.
     Done,
-    /// The request failed.
+    /// The request was not understood or could not be carried out; the text says why.
     Error(String),
 }
 
 /// What the server needs.
 pub struct AdminContext {
-    /// The node.
+    /// The agent's node, whose GPUs, ledger and health the answers report.
     pub node: Arc<Node>,
     /// Node name.
     pub node_name: String,

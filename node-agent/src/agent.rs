@@ -38,9 +38,9 @@ pub enum AgentError {
     /// The metrics port could not be bound.
     #[error("cannot serve metrics on {addr}: {source}")]
     Metrics {
-        /// The address.
+        /// The `--metrics-addr` that could not be bound.
         addr: std::net::SocketAddr,
-        /// Underlying error.
+        /// Why binding failed, typically the port being in use.
         source: std::io::Error,
     },
     /// The run task panicked or was cancelled.

@@ -30,7 +30,7 @@ pub struct PendingContainer {
 /// A pod bound to this node that requests `nvidia.com/gpu`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingPod {
-    /// The pod.
+    /// Namespace and name of the pod, as assignments and the ledger key it.
     pub pod: PodRef,
     /// Creation time (ms since epoch): the kubelet admits pods oldest first, so ties
     /// between indistinguishable requests go to the oldest pod.

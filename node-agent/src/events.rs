@@ -58,11 +58,11 @@ impl EventReason {
 /// One Event about a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodEvent {
-    /// The pod.
+    /// Namespace and name of the pod the Event is about.
     pub pod: PodRef,
     /// Its UID (the Event's `involvedObject.uid`).
     pub pod_uid: String,
-    /// Why.
+    /// The Event's `reason`, which also sets its type (Warning or Normal).
     pub reason: EventReason,
     /// Human-readable, with the numbers.
     pub message: String,

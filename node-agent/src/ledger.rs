@@ -25,17 +25,17 @@ pub enum LedgerError {
     /// The file could not be read or written.
     #[error("ledger checkpoint {path}: {source}")]
     Io {
-        /// The file.
+        /// The checkpoint, `ledger.json` in the agent's `--state-dir`.
         path: PathBuf,
-        /// Underlying error.
+        /// Why reading or (atomically) replacing it failed.
         source: std::io::Error,
     },
     /// The file exists but is not a ledger.
     #[error("ledger checkpoint {path} is not valid: {reason} (move it away to start empty)")]
     Corrupt {
-        /// The file.
+        /// The checkpoint, `ledger.json` in the agent's `--state-dir`.
         path: PathBuf,
-        /// The parse error.
+        /// What the JSON parser refused, with line and column.
         reason: String,
     },
 }
@@ -134,9 +134,9 @@ pub struct GpuUsage {
 /// One container as the kubelet's pod-resources `List` reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListedContainer {
-    /// The pod.
+    /// Namespace and name of the pod, as the kubelet reports it.
     pub pod: PodRef,
-    /// The container.
+    /// Name of the container within that pod.
     pub container: String,
     /// Resource name.
     pub resource: String,

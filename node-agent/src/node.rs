@@ -27,7 +27,11 @@ impl NodeOptions {
     pub fn validate(&self) -> Result<(), String> {
         if self.cdi && self.mig_slots {
             return Err(
-                "--cdi with --mig-create: MIG instances the agent creates during Allocate are in                  no CDI spec (nvidia-ctk generates specs for the instances that exist when it runs),                  so their CDI names would fail at container creation; use NVIDIA_VISIBLE_DEVICES                  (drop --cdi) with --mig-create, or pre-create the instances and regenerate the                  CDI spec"
+                "--cdi with --mig-create: MIG instances the agent creates during Allocate are in \
+                 no CDI spec (nvidia-ctk generates specs for the instances that exist when it \
+                 runs), so their CDI names would fail at container creation; use \
+                 NVIDIA_VISIBLE_DEVICES (drop --cdi) with --mig-create, or pre-create the \
+                 instances and regenerate the CDI spec"
                     .to_owned(),
             );
         }
@@ -79,7 +83,8 @@ impl GpuHealth {
     }
 }
 
-/// The node.
+/// This agent's GPU node: its GPUs, their topology and health, the advertised device
+/// lists and the ledger, shared by every part of the agent.
 pub struct Node {
     backend: Arc<dyn GpuBackend>,
     devices: Vec<GpuDevice>,
@@ -197,7 +202,7 @@ impl Node {
         self.changed.subscribe()
     }
 
-    /// The backend.
+    /// The GPU backend (NVML or simulated) the node reads and manages its GPUs through.
     pub fn backend(&self) -> &Arc<dyn GpuBackend> {
         &self.backend
     }

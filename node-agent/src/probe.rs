@@ -25,7 +25,7 @@ pub struct ProbeOptions {
 /// One GPU's readings.
 #[derive(Debug, Clone, Serialize)]
 pub struct ProbedGpu {
-    /// The static description.
+    /// What discovery found: index, UUID, model, memory, PCI, NUMA node, links and MIG mode.
     pub device: GpuDevice,
     /// A live sample, when it could be read.
     pub sample: Option<GpuSample>,

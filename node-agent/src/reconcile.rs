@@ -19,9 +19,9 @@ pub enum ReconcileError {
     /// The socket could not be reached.
     #[error("cannot reach the kubelet pod-resources socket {path}: {reason}")]
     Connect {
-        /// Socket path.
+        /// The kubelet's pod-resources socket (`--pod-resources-socket`).
         path: String,
-        /// Why.
+        /// The connection failure; a missing socket usually means the directory is not mounted.
         reason: String,
     },
     /// `List` failed.

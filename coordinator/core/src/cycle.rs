@@ -85,7 +85,7 @@ pub struct Binding {
 pub enum EvictionReason {
     /// Queue `by_queue`, below its fair share, reclaims capacity.
     Reclaim {
-        /// The reclaiming queue.
+        /// Leaf queue below its fair share whose pending pod the capacity goes to.
         by_queue: String,
     },
     /// A higher-priority pod of the same queue needs the capacity.
@@ -153,7 +153,7 @@ pub enum Reason {
     BeyondMaxMember {
         /// Group name.
         group: String,
-        /// The bound.
+        /// The group's `maxMember`: pods beyond it stay pending.
         max_member: u32,
     },
     /// The queue (or an ancestor) would exceed its limit.
@@ -185,14 +185,15 @@ pub enum Reason {
     UnknownTopologyLevel {
         /// Group name.
         group: String,
-        /// The level given.
+        /// The required or preferred level name the group gave (PodGroup spec or the pods'
+        /// `tessera.dev/topology-*` annotations) that the cluster's Topology does not define.
         level: String,
     },
     /// The queue is below its fair share, but no preemptible pod (or whole gang) of another
     /// queue could be evicted to make room without taking that queue below its deserved quota,
     /// or, where the reclaimer would pass its own deserved quota, below its fair share.
     NoReclaimVictims {
-        /// The reclaiming queue.
+        /// Leaf queue below its fair share that found nothing to reclaim from.
         queue: String,
     },
     /// Victims that would make room are covered by PodDisruptionBudgets with no disruption

@@ -60,7 +60,8 @@ pub struct Prepared {
 /// Summary of one policy's run.
 #[derive(Clone, Debug)]
 pub struct PolicyRun {
-    /// The raw outcome.
+    /// The fill run itself (placements, per-arrival totals, scheduling time) that the curves
+    /// are computed from.
     pub outcome: FillOutcome,
     /// GPU allocation curve (percent of capacity vs arrived percent).
     pub curve: Vec<CurvePoint>,

@@ -59,7 +59,7 @@ pub struct Placement {
 /// The result of one fill run.
 #[derive(Clone, Debug)]
 pub struct FillOutcome {
-    /// The policy.
+    /// The node-scoring policy this run placed pods with, for labelling the report.
     pub policy: Policy,
     /// Pods placed.
     pub placed: usize,

@@ -16,30 +16,30 @@ pub enum CsvError {
     /// The file could not be opened or decompressed.
     #[error("{file}: {source}")]
     Io {
-        /// The file.
+        /// The input file's path as given (`.gz` names included).
         file: String,
-        /// The underlying error.
+        /// Why opening, gunzipping or decoding the file as UTF-8 failed.
         #[source]
         source: std::io::Error,
     },
     /// A header lacks a required column.
     #[error("{file}: line 1: missing column `{column}` (expected header with {expected})")]
     MissingColumn {
-        /// The file.
+        /// The CSV file whose header lacks the column.
         file: String,
-        /// The missing column.
+        /// The first required header name that is absent.
         column: String,
-        /// The required columns.
+        /// Every column this kind of file needs, comma-separated, for the message.
         expected: String,
     },
     /// A field has a bad value.
     #[error("{file}: line {line}, column `{column}`: {message}")]
     Field {
-        /// The file.
+        /// The CSV file holding the bad value.
         file: String,
         /// 1-based line number.
         line: usize,
-        /// The column name.
+        /// The header name of the column the value is in.
         column: String,
         /// What is wrong and the accepted form.
         message: String,
@@ -47,7 +47,7 @@ pub enum CsvError {
     /// The file has no header line.
     #[error("{file}: empty file (expected a CSV header line)")]
     Empty {
-        /// The file.
+        /// The CSV file with no header line.
         file: String,
     },
 }
@@ -96,7 +96,7 @@ impl OpenbPod {
 pub struct NodePrefix {
     /// `PPPP-<node>`; lexicographically smaller wins ties.
     pub prefixed_name: String,
-    /// The node name.
+    /// The plain node name (`openb-node-NNNN`) the prefix belongs to, as in the node list.
     pub node: String,
 }
 

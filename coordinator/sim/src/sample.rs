@@ -27,9 +27,9 @@ pub enum RunError {
     /// An output file could not be written.
     #[error("writing {file}: {source}")]
     Output {
-        /// The file.
+        /// The `--json` or `--plot` output path that could not be written.
         file: String,
-        /// The underlying error.
+        /// Why writing failed (missing directory, no permission, full disk).
         #[source]
         source: std::io::Error,
     },

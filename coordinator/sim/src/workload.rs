@@ -18,12 +18,12 @@ pub struct Workload {
     /// Name shown in reports.
     #[serde(default)]
     pub name: Option<String>,
-    /// The cluster.
+    /// The simulated nodes: copies of a bundled or local GPU shape, or nodes written inline.
     pub nodes: Vec<NodeEntry>,
     /// The queue tree (a `default` leaf queue is added when absent).
     #[serde(default)]
     pub queues: Vec<QueueEntry>,
-    /// The jobs.
+    /// The jobs to replay, in any order (the loader sorts them by arrival).
     pub jobs: Vec<JobEntry>,
 }
 

@@ -110,7 +110,8 @@ pub enum AuthError {
     /// The token is valid but its user may not act as an agent.
     #[error("user {user:?} may not report as a Tessera agent; allowed users: {allowed}")]
     UserNotAllowed {
-        /// The reviewed username.
+        /// The username TokenReview returned for the bearer token, e.g.
+        /// `system:serviceaccount:tessera-system:tessera-agent`.
         user: String,
         /// The configured allowed users, comma-separated.
         allowed: String,
@@ -121,13 +122,15 @@ pub enum AuthError {
          mount a projected ServiceAccount token in the agent pod"
     )]
     NotNodeBound {
-        /// The reviewed username.
+        /// The username TokenReview returned for the bearer token, e.g.
+        /// `system:serviceaccount:tessera-system:tessera-agent`.
         user: String,
     },
     /// The agent reports for a node other than its own.
     #[error("{user:?} runs on node {bound:?} and may only report for that node, not {claimed:?}")]
     WrongNode {
-        /// The reviewed username.
+        /// The username TokenReview returned for the bearer token, e.g.
+        /// `system:serviceaccount:tessera-system:tessera-agent`.
         user: String,
         /// The node the token is bound to.
         bound: String,

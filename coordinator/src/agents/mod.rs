@@ -24,7 +24,8 @@ pub enum AgentsError {
     Serve {
         /// The listen address, when known.
         addr: String,
-        /// Cause.
+        /// Why tonic stopped serving (the listener failed or a connection could not be
+        /// accepted).
         source: tonic::transport::Error,
     },
 }

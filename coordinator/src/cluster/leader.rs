@@ -96,7 +96,7 @@ pub enum LeaderError {
         "namespace {namespace:?} does not exist, so the leader Lease cannot be created there: create it (the chart and deploy/manifests do) or pass an existing namespace with --lease-namespace"
     )]
     NoNamespace {
-        /// The missing namespace.
+        /// The Lease namespace asked for (`--lease-namespace`, default `tessera-system`).
         namespace: String,
     },
     /// A Lease call failed.
@@ -104,7 +104,7 @@ pub enum LeaderError {
     Api {
         /// `namespace/name`.
         lease: String,
-        /// Cause.
+        /// The API server's answer or the transport failure; RBAC refusals show up here.
         source: kube::Error,
     },
 }

@@ -37,9 +37,9 @@ pub enum ClusterError {
     Listen {
         /// `agents` or `metrics`.
         what: &'static str,
-        /// The address asked for.
+        /// The address from `--agent-listen` or `--metrics-listen`.
         addr: SocketAddr,
-        /// Cause.
+        /// Why binding failed, typically the port being in use.
         source: std::io::Error,
     },
     /// The agent service's certificate did not load.
@@ -47,9 +47,10 @@ pub enum ClusterError {
         "--agent-tls-cert-file {cert}: {source} (expected a PEM certificate chain and its PEM private key)"
     )]
     AgentCertificate {
-        /// The certificate file.
+        /// The `--agent-tls-cert-file` path as given; only this one is named, though the key file
+        /// may be the one at fault.
         cert: String,
-        /// Cause.
+        /// Why reading or parsing the PEM certificate chain or private key failed.
         source: std::io::Error,
     },
     /// Leader election is misconfigured.

@@ -28,9 +28,9 @@ pub const VERSION: &str = "v1alpha1";
 #[derive(Debug, thiserror::Error)]
 #[error("rendering CRD {name} as YAML: {source}")]
 pub struct RenderError {
-    /// CRD name.
+    /// `metadata.name` of the CRD (e.g. `queues.tessera.dev`), empty when it has none.
     pub name: String,
-    /// Serialiser error.
+    /// What the YAML serialiser refused; a bug in the CRD types, not in user input.
     #[source]
     pub source: serde_yaml_ng::Error,
 }

@@ -53,19 +53,20 @@ pub enum WebhookError {
         "--webhook-cert-file {cert} / --webhook-key-file {key}: {source} (expected a PEM certificate chain and its PEM private key)"
     )]
     Certificate {
-        /// Certificate file.
+        /// The `--webhook-cert-file` path, as given on the command line.
         cert: String,
-        /// Key file.
+        /// The `--webhook-key-file` path, as given on the command line.
         key: String,
-        /// The cause.
+        /// Why reading or parsing the PEM files failed; it does not say which of the two is at
+        /// fault.
         source: std::io::Error,
     },
     /// The listen address could not be bound.
     #[error("--webhook-listen {addr}: {source}")]
     Bind {
-        /// The address.
+        /// The `--webhook-listen` address that could not be bound.
         addr: SocketAddr,
-        /// The cause.
+        /// Why binding failed, typically the port being in use or below 1024 without privilege.
         source: std::io::Error,
     },
 }

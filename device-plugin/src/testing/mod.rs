@@ -35,17 +35,17 @@ pub enum FakeKubeletError {
     /// Socket or directory handling failed.
     #[error("fake kubelet I/O on {path}: {source}")]
     Io {
-        /// The path involved.
+        /// The fake kubelet's socket, or the directory it was clearing of sockets.
         path: std::path::PathBuf,
-        /// Underlying error.
+        /// Why binding the socket or reading the directory failed.
         source: std::io::Error,
     },
     /// Dialling the plugin failed.
     #[error("cannot connect to plugin socket {path}: {source}")]
     Connect {
-        /// Plugin socket path.
+        /// The plugin's socket in the device-plugin directory, from its Register call.
         path: std::path::PathBuf,
-        /// Underlying error.
+        /// Why dialling it failed (no listener, refused).
         source: tonic::transport::Error,
     },
     /// A call to the plugin failed.
@@ -54,9 +54,9 @@ pub enum FakeKubeletError {
     /// Something expected did not happen in time.
     #[error("timed out after {after:?} waiting for {what}")]
     Timeout {
-        /// What was awaited.
+        /// The condition that did not happen, with what was seen instead where known.
         what: String,
-        /// The bound.
+        /// How long the test waited before giving up.
         after: Duration,
     },
 }

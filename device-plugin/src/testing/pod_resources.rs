@@ -62,7 +62,7 @@ impl FakePodResources {
         })
     }
 
-    /// The socket path.
+    /// Where it serves, to point the code under test at (as the kubelet's `kubelet.sock`).
     pub fn socket_path(&self) -> &Path {
         &self.path
     }

@@ -14,17 +14,18 @@ pub enum ChartError {
     /// A file could not be read.
     #[error("cannot read {path}: {source}")]
     Read {
-        /// The file.
+        /// What could not be read or run: a chart file or directory, the temporary helm home, or
+        /// the `kube-peer` binary.
         path: PathBuf,
-        /// Cause.
+        /// Why the read or spawn failed (missing, no permission).
         source: std::io::Error,
     },
     /// A YAML file does not parse or does not have the expected shape.
     #[error("{path}: {message}")]
     Yaml {
-        /// The file.
+        /// The chart file (`Chart.yaml`, `values.yaml`) that is malformed.
         path: PathBuf,
-        /// What is wrong.
+        /// The parser's complaint, or which shape the file must have.
         message: String,
     },
     /// helm (the `kube-peer` binary) is not available.
@@ -103,7 +104,7 @@ pub struct Rendered {
 /// The chart's sources, for the lints helm does not do.
 #[derive(Debug)]
 pub struct Chart {
-    /// The chart directory.
+    /// Where `Chart.yaml` lives (`deploy/helm/tessera`); template paths are relative to it.
     pub dir: PathBuf,
     /// `Chart.yaml`.
     pub meta: ChartMeta,

@@ -395,7 +395,8 @@ pub fn under(path: &str, prefix: &str) -> bool {
             .is_some_and(|r| r.starts_with("::"))
 }
 
-/// The workspace root.
+/// The repository root (found from this crate's manifest directory), which the paths of the
+/// layering rules are relative to.
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }

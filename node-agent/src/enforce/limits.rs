@@ -11,11 +11,11 @@ use tessera_contract::Isolation;
 /// What one pod may use of one GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodLimit {
-    /// The pod.
+    /// Namespace and name of the pod, as the ledger records it.
     pub pod: PodRef,
-    /// Its UID.
+    /// Its UID, which names its cgroups (how the watchdog finds its processes).
     pub pod_uid: String,
-    /// The GPU.
+    /// UUID of the GPU these limits are on.
     pub gpu_uuid: String,
     /// Memory limit, MiB (summed over the pod's containers on this GPU).
     pub memory_mib: u64,

@@ -84,7 +84,7 @@ impl MemoryGuard {
         }
     }
 
-    /// The current state.
+    /// Where the pod stands now: within the limit, warned since when, or killed when.
     pub fn state(&self) -> MemoryState {
         self.state
     }

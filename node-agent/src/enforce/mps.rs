@@ -81,7 +81,7 @@ pub enum MpsError {
          on the node or point --mps-control at the program"
     )]
     Missing {
-        /// As configured.
+        /// The `--mps-control` value, a path or a name looked up on `PATH`.
         program: String,
         /// Where it was looked for.
         looked: String,
@@ -89,19 +89,20 @@ pub enum MpsError {
     /// A directory could not be made.
     #[error("cannot create MPS directory {path}: {source}")]
     Dir {
-        /// The directory.
+        /// The pipe, log or shared-memory directory that could not be created.
         path: String,
-        /// Underlying error.
+        /// Why creating it failed (no permission, read-only mount).
         source: std::io::Error,
     },
     /// The daemon did not start.
     #[error("starting the MPS control daemon for GPU {gpu} (`{program} -d`) failed: {reason}")]
     Start {
-        /// The GPU.
+        /// UUID of the GPU the daemon was for.
         gpu: String,
-        /// The program.
+        /// The control program as resolved, the one that was run.
         program: String,
-        /// What went wrong.
+        /// Spawn failure, no daemonising in time, a failing exit status (the log directory has
+        /// more), or no live daemon named in the PID file in time.
         reason: String,
     },
 }
@@ -159,7 +160,7 @@ impl MpsManager {
         }
     }
 
-    /// The settings.
+    /// The control program, base directory, idle time and check interval in use.
     pub fn config(&self) -> &MpsConfig {
         &self.config
     }

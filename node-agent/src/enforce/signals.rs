@@ -37,14 +37,14 @@ pub enum SignalError {
     /// The PID is one the watchdog must never signal.
     #[error("refusing to signal pid {0}: not a container process")]
     Refused(u32),
-    /// The kernel refused.
+    /// `kill(2)` failed for a reason other than the process being gone (e.g. `EPERM`).
     #[error("cannot send {signal:?} to pid {pid}: {errno}")]
     Failed {
-        /// The process.
+        /// Host PID the signal was for.
         pid: u32,
-        /// The signal.
+        /// What was being sent (stop, continue or kill).
         signal: Signal,
-        /// Why.
+        /// The errno `kill(2)` returned.
         errno: Errno,
     },
 }

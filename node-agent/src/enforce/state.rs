@@ -47,7 +47,8 @@ impl EnforcementState {
         }
     }
 
-    /// The wire form.
+    /// The state as reported to the coordinator in occupancy reports (the detail, such as
+    /// the run percent, is dropped).
     pub fn to_proto(self) -> pb::EnforcementState {
         match self {
             EnforcementState::Ok => pb::EnforcementState::WithinLimits,
@@ -62,15 +63,15 @@ impl EnforcementState {
 /// One pod on one GPU as the watchdog last saw it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PodEnforcement {
-    /// The pod.
+    /// Namespace and name of the pod, for `status` and Events.
     pub pod: PodRef,
-    /// Its UID.
+    /// Its UID, which names its cgroups.
     pub pod_uid: String,
-    /// The GPU.
+    /// UUID of the GPU this entry is about.
     pub gpu_uuid: String,
     /// Its isolation mode.
     pub isolation: Isolation,
-    /// The state.
+    /// What the watchdog last did to or saw of the pod on this GPU.
     pub state: EnforcementState,
     /// Memory limit, MiB.
     pub memory_limit_mib: u64,
@@ -96,7 +97,7 @@ pub enum Action {
 }
 
 impl Action {
-    /// The metric label.
+    /// The `action` label value on `tessera_agent_enforcement_actions_total`.
     pub fn label(self) -> &'static str {
         match self {
             Action::MemoryWarn => "memory_warn",

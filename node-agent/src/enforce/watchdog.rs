@@ -139,7 +139,7 @@ impl Watchdog {
         }
     }
 
-    /// The settings.
+    /// The interval, memory grace and action, throttle period and controller gains in use.
     pub fn config(&self) -> &WatchdogConfig {
         &self.config
     }

@@ -23,7 +23,7 @@ pub enum GpuError {
     /// An NVML query failed.
     #[error("NVML query {call} failed: {reason}")]
     Nvml {
-        /// The query.
+        /// The NVML function that failed (e.g. `nvmlDeviceGetUUID`).
         call: &'static str,
         /// NVML's error text.
         reason: String,
@@ -35,7 +35,7 @@ pub enum GpuError {
     /// A valid shape the simulated backend cannot run.
     #[error("simulated GPU file {path}: {reason}")]
     SimFile {
-        /// The file.
+        /// The shape file from `--gpu-backend sim:<file.yaml>`, as given.
         path: String,
         /// What is wrong, naming the field and the accepted form.
         reason: String,
@@ -52,7 +52,7 @@ pub enum GpuError {
     /// The backend cannot do this (MIG management on a backend without it).
     #[error("the {backend} GPU backend does not support {call}")]
     Unsupported {
-        /// The operation.
+        /// What was asked, e.g. `creating MIG instances`.
         call: &'static str,
         /// The backend's kind.
         backend: &'static str,
@@ -62,7 +62,7 @@ pub enum GpuError {
     /// degrades that reading only.
     #[error("NVML query {call}: {why}")]
     Unavailable {
-        /// The query.
+        /// The NVML function whose datum is unknown.
         call: &'static str,
         /// `no permission` or `not supported`, with what to do about it.
         why: String,
@@ -70,15 +70,15 @@ pub enum GpuError {
     /// NVML answered GPU_IS_LOST: the GPU fell off the bus.
     #[error("NVML query {call}: the GPU is lost (fell off the bus)")]
     Lost {
-        /// The query.
+        /// The NVML function that found the GPU lost.
         call: &'static str,
     },
     /// A MIG operation was refused.
     #[error("MIG on GPU {gpu}: {reason}")]
     Mig {
-        /// The parent GPU.
+        /// UUID of the GPU in MIG mode the operation was on.
         gpu: String,
-        /// Why.
+        /// What the driver (or the simulated backend) refused and why.
         reason: String,
     },
 }

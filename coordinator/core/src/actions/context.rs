@@ -69,9 +69,9 @@ pub struct GroupInfo {
 
 /// Immutable per-cycle context.
 pub struct Ctx<'a> {
-    /// The snapshot.
+    /// The cluster as the cycle was given it; never changed during the cycle.
     pub snap: &'a Snapshot,
-    /// The config.
+    /// The cycle's knobs (search bounds, score weights, mix settings) shared by every action.
     pub cfg: &'a CycleConfig,
     /// Queue tree.
     pub tree: QueueTree,

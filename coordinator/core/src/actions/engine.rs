@@ -43,7 +43,8 @@ impl QueueKey {
 pub struct Engine<'a> {
     /// Read-only context.
     pub ctx: Ctx<'a>,
-    /// The tentative statement.
+    /// The cluster state as the actions so far changed it, with the undo log that lets a failed
+    /// attempt roll back.
     pub st: State,
     /// Fair share per queue.
     pub shares: Vec<Share>,

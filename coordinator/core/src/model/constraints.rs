@@ -124,7 +124,7 @@ pub struct NodeSelectorTerm {
 /// A node selector: its terms are ORed.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct NodeSelector {
-    /// Terms.
+    /// Alternatives, ORed: a node matching any one term passes; no terms matches no node.
     pub terms: Vec<NodeSelectorTerm>,
 }
 
@@ -133,7 +133,7 @@ pub struct NodeSelector {
 pub struct PreferredNodeTerm {
     /// Weight (1–100).
     pub weight: i32,
-    /// The term.
+    /// The node requirements whose match adds `weight` to the node's score.
     pub term: NodeSelectorTerm,
 }
 
@@ -163,7 +163,8 @@ pub struct PodAffinityTerm {
 pub struct WeightedPodTerm {
     /// Weight (1–100).
     pub weight: i32,
-    /// The term.
+    /// The pods whose presence in the same topology domain adds (affinity) or subtracts
+    /// (anti-affinity) `weight`.
     pub term: PodAffinityTerm,
 }
 

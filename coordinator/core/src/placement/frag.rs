@@ -82,7 +82,7 @@ impl TaskShape {
 /// One typical task shape with its probability in the mix.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MixEntry {
-    /// The shape.
+    /// CPU, per-GPU share, GPU count and accepted models of the tasks this entry stands for.
     pub shape: TaskShape,
     /// Number of tasks of this shape in the source workload (0 when built from weights).
     pub count: u64,

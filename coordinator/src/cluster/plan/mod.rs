@@ -86,7 +86,7 @@ pub(super) enum Write {
     RollBack {
         /// The text of the eviction events.
         reason: String,
-        /// The members.
+        /// Each member already bound or being bound, with what undoing its binding takes.
         members: Vec<Rollback>,
     },
     /// Evict a pod the core chose as a victim; the outcome goes to [`Planner::after_evict`].
@@ -96,7 +96,8 @@ pub(super) enum Write {
 /// A victim to evict, with why.
 #[derive(Clone, Debug, PartialEq)]
 pub(super) struct Eviction {
-    /// The pod.
+    /// The victim as the binder deletes it (namespace, name, and the UID that guards
+    /// against deleting a newer pod of the same name).
     pub target: EvictTarget,
     /// Where it runs: the decisions held for that node wait for it.
     pub node: Option<String>,

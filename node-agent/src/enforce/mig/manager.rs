@@ -58,7 +58,7 @@ pub enum MigError {
     /// The GPU is not in MIG mode (the agent never switches it).
     #[error("GPU {gpu} is not in MIG mode; the agent never changes the MIG mode")]
     NotMig {
-        /// The GPU.
+        /// UUID of the GPU asked for.
         gpu: String,
     },
     /// No profile is large enough.
@@ -67,7 +67,7 @@ pub enum MigError {
          (profiles: {profiles})"
     )]
     NoProfile {
-        /// The GPU.
+        /// UUID of the GPU asked for.
         gpu: String,
         /// Its model.
         model: String,
@@ -81,7 +81,7 @@ pub enum MigError {
     /// Every fitting profile is blocked by existing instances.
     #[error("GPU {gpu} has no free slices for {wanted} (existing instances: {existing})")]
     Full {
-        /// The GPU.
+        /// UUID of the GPU asked for.
         gpu: String,
         /// Profiles tried, smallest first.
         wanted: String,
@@ -93,9 +93,9 @@ pub enum MigError {
 /// An instance this agent created.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Created {
-    /// The parent GPU.
+    /// UUID of the GPU the instance was carved from.
     pub gpu: String,
-    /// The instance.
+    /// The MIG device as the driver reported it after creation (UUID, profile, slices).
     pub instance: MigInstance,
     /// The ledger allocation it serves; `None` until the Allocate is recorded.
     pub allocation: Option<u64>,
