@@ -10,6 +10,12 @@
 //!
 //! - Tessera: `--pods` pods created at once, half whole-GPU, a quarter `0.5` and a quarter
 //!   `0.25` of a GPU, spread over `--queues` queues;
+//! - Tessera, a gang: one PodGroup of `--gang` whole-GPU pods (minMember all of them) on the
+//!   emptied pool; the time from its first pod's creation to its last pod bound;
+//! - Tessera, a reclaim: queue `reclaim-low` (no quota) fills the whole pool with whole-GPU
+//!   pods, then queue `reclaim-high`, deserving `--reclaim-gpus` GPUs, asks for that many; the
+//!   time until the coordinator has evicted that many GPUs' worth of `reclaim-low` pods, and
+//!   until every `reclaim-high` pod is bound;
 //! - kube-scheduler: `--pods` whole-GPU default-scheduler pods on its own pool.
 //!
 //! Each phase reports pods bound per second (first creation to last pod seen bound), the p50
@@ -19,8 +25,12 @@
 //!
 //! ```text
 //! KUBE_PEER=target/kube-peer/kube-peer cargo run --release -p tessera-coordinator \
-//!     --example bench_cluster -- [--nodes 200] [--pods 1600] [--queues 10] [--json FILE]
+//!     --example bench_cluster -- [--nodes 200] [--pods 1600] [--queues 10] [--gang 512]
+//!     [--reclaim-gpus 2000] [--json FILE]
 //! ```
+//!
+//! `--gang 0` or `--reclaim-gpus 0` skips that phase; both are capped to what the pool holds
+//! (the reclaim to half of it).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -40,7 +50,7 @@ use tessera_coordinator::agents::AgentRegistry;
 use tessera_coordinator::agents::registry::Session;
 use tessera_coordinator::cluster::leader::LeaseConfig;
 use tessera_coordinator::cluster::{Coordinator, CoordinatorConfig};
-use tessera_coordinator::crd::{GpuQuota, Queue, QueueSpec};
+use tessera_coordinator::crd::{GpuQuota, PodGroup, PodGroupSpec, Queue, QueueSpec};
 use tessera_proto::tessera::v1 as pb;
 use tessera_testcluster::{Cluster, ClusterOptions};
 use tokio::sync::mpsc;
@@ -69,6 +79,10 @@ struct Options {
     timeout: Duration,
     /// kube-scheduler's client QPS (its burst is twice that, as upstream's 50/100 defaults).
     kube_qps: usize,
+    /// Members of the gang phase's one PodGroup; 0 skips it.
+    gang: usize,
+    /// GPUs the reclaim phase takes back; 0 skips it.
+    reclaim_gpus: usize,
 }
 
 fn parse_options() -> anyhow::Result<Options> {
@@ -79,6 +93,8 @@ fn parse_options() -> anyhow::Result<Options> {
         json: None,
         timeout: Duration::from_secs(600),
         kube_qps: 50,
+        gang: 512,
+        reclaim_gpus: 2000,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -91,6 +107,10 @@ fn parse_options() -> anyhow::Result<Options> {
                 .clone()
                 .or_else(|| args.next())
                 .with_context(|| format!("{key} needs a value"))
+        };
+        let whole = |v: String| -> anyhow::Result<usize> {
+            v.parse::<usize>()
+                .with_context(|| format!("{key} {v}: expected a whole number"))
         };
         let count = |v: String| -> anyhow::Result<usize> {
             v.parse::<usize>()
@@ -105,9 +125,12 @@ fn parse_options() -> anyhow::Result<Options> {
             "--json" => o.json = Some(PathBuf::from(value()?)),
             "--timeout" => o.timeout = Duration::from_secs(count(value()?)? as u64),
             "--kube-scheduler-qps" => o.kube_qps = count(value()?)?,
+            "--gang" => o.gang = whole(value()?)?,
+            "--reclaim-gpus" => o.reclaim_gpus = whole(value()?)?,
             "-h" | "--help" => {
                 eprintln!(
                     "usage: bench_cluster [--nodes N (200)] [--pods P (1600)] [--queues Q (10)] \
+                     [--gang N (512)] [--reclaim-gpus G (2000)] \
                      [--json FILE] [--timeout SECONDS (600)] [--kube-scheduler-qps N (50)]"
                 );
                 std::process::exit(0);
@@ -125,6 +148,8 @@ fn parse_options() -> anyhow::Result<Options> {
             o.nodes
         );
     }
+    o.gang = o.gang.min(capacity);
+    o.reclaim_gpus = o.reclaim_gpus.min(capacity / 2);
     Ok(o)
 }
 
@@ -153,7 +178,8 @@ async fn main() -> anyhow::Result<()> {
     let agents = connect_agents(&registry, o.nodes)?;
 
     let seen = Arc::new(Mutex::new(HashMap::<String, Instant>::new()));
-    let _watch = watch_bound(admin.clone(), Arc::clone(&seen)).await?;
+    let gone = Arc::new(Mutex::new(HashMap::<String, Instant>::new()));
+    let _watch = watch_bound(admin.clone(), Arc::clone(&seen), Arc::clone(&gone)).await?;
 
     let coordinator_client = cluster.service_account(TESSERA_NS, COORDINATOR_SA).await;
     let rss_before = memory_kib("VmRSS:");
@@ -206,6 +232,49 @@ async fn main() -> anyhow::Result<()> {
     })
     .await?;
     let rss_after = memory_kib("VmRSS:");
+
+    let gang = if o.gang > 0 {
+        clear_namespace(&admin, TESSERA_NS).await?;
+        create_pod_group(&admin, "bench-gang", o.gang, &queue_name(0)).await?;
+        let pods = (0..o.gang)
+            .map(|i| gang_pod(i, "bench-gang", &queue_name(0)))
+            .collect();
+        Some(
+            run_phase(Phase {
+                name: "tessera gang",
+                namespace: TESSERA_NS,
+                pod_prefix: "g-",
+                pods,
+                client: &admin,
+                seen: &seen,
+                cluster: &cluster,
+                api_user: &coordinator_user,
+                scheduler_pid: None,
+                apiserver_pid,
+                timeout: o.timeout,
+            })
+            .await?,
+        )
+    } else {
+        None
+    };
+    let reclaim = if o.reclaim_gpus > 0 {
+        clear_namespace(&admin, TESSERA_NS).await?;
+        Some(
+            run_reclaim(
+                &admin,
+                &cluster,
+                &seen,
+                &gone,
+                &coordinator_user,
+                apiserver_pid,
+                &o,
+            )
+            .await?,
+        )
+    } else {
+        None
+    };
     let rss_peak = memory_kib("VmHWM:");
     // An idle coordinator still follows every pod change; stopped, it leaves kube-scheduler
     // the machine, and this process's CPU in that phase is the benchmark client's alone.
@@ -242,12 +311,14 @@ async fn main() -> anyhow::Result<()> {
             "load_average_end": load_end,
         },
         "tessera": tessera.json(),
+        "tessera_gang": gang.as_ref().map(|g| json!({"members": o.gang, "phase": g.json()})),
+        "tessera_reclaim": reclaim.as_ref().map(Reclaim::json),
         "kube_scheduler": kube.json(),
         "ratio_pods_per_second": round(ratio, 2),
         "coordinator_rss_mib": {
             "before_start": mib(rss_before),
             "after_tessera_phase": mib(rss_after),
-            "peak_during_tessera_phase": mib(rss_peak),
+            "peak_during_tessera_phases": mib(rss_peak),
         },
         "notes": [
             "the phases run one after the other on the same API server; kube-scheduler idles \
@@ -268,8 +339,17 @@ async fn main() -> anyhow::Result<()> {
         ],
     });
     let text = serde_json::to_string_pretty(&report)?;
+    let gang_text = gang.as_ref().map_or(String::new(), |g| {
+        format!("; a {}-pod gang bound in {:.2} s", o.gang, g.seconds)
+    });
+    let reclaim_text = reclaim.as_ref().map_or(String::new(), |r| {
+        format!(
+            "; a {}-GPU reclaim decided and evicted in {:.2} s, the reclaiming pods bound in {:.2} s",
+            r.gpus, r.evicted_seconds, r.bound.seconds
+        )
+    });
     let table = format!(
-        "| {} nodes × {GPUS_PER_NODE} GPUs per pool, {} pods, {} queues | Tessera {:.0} pods/s (p50 {:.0} ms, p99 {:.0} ms, {:.1} CPU s, {:.1} API requests/pod), kube-scheduler (QPS {}) {:.0} pods/s (p50 {:.0} ms, p99 {:.0} ms, {:.1} CPU s, {:.1} API requests/pod), **{:.2}×**; coordinator process peak RSS {:.0} MiB (load average {} → {}) | `hack/bench-cluster --nodes {} --pods {} --queues {} --kube-scheduler-qps {}` |",
+        "| {} nodes × {GPUS_PER_NODE} GPUs per pool, {} pods, {} queues | Tessera {:.0} pods/s (p50 {:.0} ms, p99 {:.0} ms, {:.1} CPU s, {:.1} API requests/pod), kube-scheduler (QPS {}) {:.0} pods/s (p50 {:.0} ms, p99 {:.0} ms, {:.1} CPU s, {:.1} API requests/pod), **{:.2}×**{gang_text}{reclaim_text}; coordinator process peak RSS {:.0} MiB (load average {} → {}) | `hack/bench-cluster --nodes {} --pods {} --queues {} --gang {} --reclaim-gpus {} --kube-scheduler-qps {}` |",
         o.nodes,
         o.pods,
         o.queues,
@@ -291,6 +371,8 @@ async fn main() -> anyhow::Result<()> {
         o.nodes,
         o.pods,
         o.queues,
+        o.gang,
+        o.reclaim_gpus,
         o.kube_qps,
     );
     match &o.json {
@@ -488,6 +570,7 @@ async fn allocate_announced(registry: AgentRegistry, session: Session) {
 async fn watch_bound(
     client: kube::Client,
     seen: Arc<Mutex<HashMap<String, Instant>>>,
+    gone: Arc<Mutex<HashMap<String, Instant>>>,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let (listed_tx, listed) = tokio::sync::oneshot::channel();
     let task = tokio::spawn(async move {
@@ -496,7 +579,18 @@ async fn watch_bound(
         let stream = watcher(pods, watcher::Config::default());
         futures::pin_mut!(stream);
         while let Some(event) = stream.next().await {
+            let key = |pod: &Pod| {
+                format!(
+                    "{}/{}",
+                    pod.metadata.namespace.as_deref().unwrap_or(""),
+                    pod.metadata.name.as_deref().unwrap_or("")
+                )
+            };
             let pod = match event {
+                Ok(watcher::Event::Delete(p)) => {
+                    gone.lock().entry(key(&p)).or_insert_with(Instant::now);
+                    continue;
+                }
                 Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => p,
                 Ok(watcher::Event::InitDone) => {
                     if let Some(tx) = listed_tx.take() {
@@ -510,6 +604,11 @@ async fn watch_bound(
                     continue;
                 }
             };
+            // An eviction shows first as a deletionTimestamp (the pod is gone once its grace
+            // period ends, at once for the benchmark's pods of grace 0).
+            if pod.metadata.deletion_timestamp.is_some() {
+                gone.lock().entry(key(&pod)).or_insert_with(Instant::now);
+            }
             if pod
                 .spec
                 .as_ref()
@@ -518,12 +617,7 @@ async fn watch_bound(
             {
                 continue;
             }
-            let key = format!(
-                "{}/{}",
-                pod.metadata.namespace.as_deref().unwrap_or(""),
-                pod.metadata.name.as_deref().unwrap_or("")
-            );
-            seen.lock().entry(key).or_insert_with(Instant::now);
+            seen.lock().entry(key(&pod)).or_insert_with(Instant::now);
         }
     });
     tokio::time::timeout(Duration::from_secs(60), listed)
@@ -564,6 +658,187 @@ fn kube_pod_named(name: &str) -> Pod {
         json!({"nodeSelector": {POOL_KEY: "kube"}}),
         "kube",
     )
+}
+
+/// Member `i` of PodGroup `group`: one whole GPU.
+fn gang_pod(i: usize, group: &str, queue: &str) -> Pod {
+    pod(
+        &format!("g-{i:06}"),
+        json!({"tessera.dev/queue": queue}),
+        json!({"tessera.dev/pod-group": group}),
+        json!({"schedulerName": "tessera"}),
+        "tessera",
+    )
+}
+
+/// A whole-GPU pod of the reclaim phase in `queue`; grace 0, so that an evicted one is gone
+/// at once (no kubelet runs to end a grace period).
+fn reclaim_pod(name: &str, queue: &str) -> Pod {
+    pod(
+        name,
+        json!({"tessera.dev/queue": queue}),
+        json!({}),
+        json!({"schedulerName": "tessera", "terminationGracePeriodSeconds": 0}),
+        "tessera",
+    )
+}
+
+async fn create_pod_group(
+    admin: &kube::Client,
+    name: &str,
+    members: usize,
+    queue: &str,
+) -> anyhow::Result<()> {
+    let groups: Api<PodGroup> = Api::namespaced(admin.clone(), TESSERA_NS);
+    let group = PodGroup::new(
+        name,
+        PodGroupSpec {
+            min_member: i32::try_from(members).context("--gang is too large")?,
+            queue: Some(queue.to_owned()),
+            ..PodGroupSpec::default()
+        },
+    );
+    groups
+        .create(&PostParams::default(), &group)
+        .await
+        .with_context(|| format!("creating PodGroup {name}"))?;
+    Ok(())
+}
+
+/// Deletes every pod in `namespace` at once (grace 0: no kubelet runs to end a grace period)
+/// and waits until the API server lists none, so the next phase starts on an empty pool.
+async fn clear_namespace(admin: &kube::Client, namespace: &str) -> anyhow::Result<()> {
+    progress(format_args!("emptying {namespace}"));
+    let api: Api<Pod> = Api::namespaced(admin.clone(), namespace);
+    api.delete_collection(
+        &kube::api::DeleteParams::default().grace_period(0),
+        &kube::api::ListParams::default(),
+    )
+    .await
+    .with_context(|| format!("deleting the pods of {namespace}"))?;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let left = api
+            .list_metadata(&kube::api::ListParams::default().limit(1))
+            .await?;
+        if left.items.is_empty() {
+            // Let the coordinator's watch catch up before the next phase is timed.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{namespace} still has pods 300 s after deleting them all");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// What the reclaim phase measured.
+struct Reclaim {
+    gpus: usize,
+    fill: Outcome,
+    /// From the first reclaiming pod's creation to the `gpus`-th eviction seen.
+    evicted_seconds: f64,
+    evicted: usize,
+    bound: Outcome,
+}
+
+impl Reclaim {
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "gpus": self.gpus,
+            "fill": self.fill.json(),
+            "seconds_to_evict": round(self.evicted_seconds, 3),
+            "pods_evicted": self.evicted,
+            "reclaiming_pods": self.bound.json(),
+        })
+    }
+}
+
+/// `reclaim-low` (deserving nothing) fills the pool, then `reclaim-high` (deserving
+/// `--reclaim-gpus`) asks for that many GPUs: the coordinator must evict that many of
+/// `reclaim-low`'s pods and bind `reclaim-high`'s in their place.
+async fn run_reclaim(
+    admin: &kube::Client,
+    cluster: &Cluster,
+    seen: &Mutex<HashMap<String, Instant>>,
+    gone: &Mutex<HashMap<String, Instant>>,
+    api_user: &str,
+    apiserver_pid: Option<u32>,
+    o: &Options,
+) -> anyhow::Result<Reclaim> {
+    let queues: Api<Queue> = Api::all(admin.clone());
+    for (name, quota) in [
+        ("reclaim-low", 0.0),
+        ("reclaim-high", o.reclaim_gpus as f64),
+    ] {
+        let queue = Queue::new(
+            name,
+            QueueSpec {
+                gpu: Some(GpuQuota {
+                    quota,
+                    over_quota_weight: 1.0,
+                    limit: -1.0,
+                }),
+                ..QueueSpec::default()
+            },
+        );
+        queues.create(&PostParams::default(), &queue).await?;
+    }
+    let pool = o.nodes * GPUS_PER_NODE as usize;
+    let low = (0..pool)
+        .map(|i| reclaim_pod(&format!("rl-{i:06}"), "reclaim-low"))
+        .collect();
+    let fill = run_phase(Phase {
+        name: "tessera reclaim: fill",
+        namespace: TESSERA_NS,
+        pod_prefix: "rl-",
+        pods: low,
+        client: admin,
+        seen,
+        cluster,
+        api_user,
+        scheduler_pid: None,
+        apiserver_pid,
+        timeout: o.timeout,
+    })
+    .await?;
+    let high = (0..o.reclaim_gpus)
+        .map(|i| reclaim_pod(&format!("rh-{i:06}"), "reclaim-high"))
+        .collect();
+    let started = Instant::now();
+    let bound = run_phase(Phase {
+        name: "tessera reclaim: reclaiming",
+        namespace: TESSERA_NS,
+        pod_prefix: "rh-",
+        pods: high,
+        client: admin,
+        seen,
+        cluster,
+        api_user,
+        scheduler_pid: None,
+        apiserver_pid,
+        timeout: o.timeout,
+    })
+    .await?;
+    let prefix = format!("{TESSERA_NS}/rl-");
+    let mut evictions: Vec<Instant> = gone
+        .lock()
+        .iter()
+        .filter(|(k, at)| k.starts_with(&prefix) && **at >= started)
+        .map(|(_, at)| *at)
+        .collect();
+    evictions.sort();
+    let evicted_seconds = evictions
+        .get(o.reclaim_gpus.saturating_sub(1))
+        .map_or(f64::NAN, |at| at.duration_since(started).as_secs_f64());
+    Ok(Reclaim {
+        gpus: o.reclaim_gpus,
+        fill,
+        evicted_seconds,
+        evicted: evictions.len(),
+        bound,
+    })
 }
 
 fn pod(

@@ -108,6 +108,10 @@ struct RunArgs {
     /// Milliseconds between scheduling cycles when nothing changes.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
     cycle_interval_ms: u64,
+    /// Units (a gang, or a pod on its own) whose Bindings may be in flight at once; each
+    /// unit's members still go one after another.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    binds_in_flight: u64,
     /// Log line format.
     #[arg(long, value_enum, default_value_t = LogFormatArg::Text)]
     log_format: LogFormatArg,
@@ -472,6 +476,7 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
             authenticator,
             agent_timeout: Duration::from_secs(args.agent_timeout_secs),
             cycle_interval: Duration::from_millis(args.cycle_interval_ms),
+            binds_in_flight: args.binds_in_flight as usize,
             ..CoordinatorConfig::default()
         };
         let signal = termination_signal().context("installing signal handlers")?;

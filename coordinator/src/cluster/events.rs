@@ -4,6 +4,12 @@
 //! `Recorder`, because the recorder folds events that differ only in their message into one
 //! series and keeps the first message: a changed reason must show up with its own text.
 //!
+//! A writer made [`EventWriter::queued`] (the scheduler's) never makes its caller wait: an
+//! event goes into a bounded queue that one task writes out in order, so a Binding is never
+//! held up behind the Event that reports it, as client-go's broadcaster also writes events off
+//! the scheduling path. An event that finds the queue full is dropped and counted in the log:
+//! events are advice, and a burst of them must not grow memory or stall binding.
+//!
 //! Identical events (same object, type, reason and message) aggregate the way client-go's
 //! recorder does: the first is created, each repeat raises the existing Event's `count` and
 //! `lastTimestamp`, so a pod pending for an hour has one `FailedScheduling` Event rather than
@@ -18,6 +24,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use parking_lot::Mutex;
 use serde_json::json;
+use tokio::sync::mpsc;
 
 /// Event reason when a pod is bound.
 pub const SCHEDULED: &str = "Scheduled";
@@ -43,6 +50,9 @@ pub enum EventKind {
 const MAX_NAME: usize = 253;
 /// How many distinct events the writer remembers for aggregation.
 const MAX_REMEMBERED: usize = 4096;
+/// Events a queued writer holds before it drops new ones: a few seconds of binding at full
+/// speed, far more than a healthy API server leaves unwritten.
+const QUEUE_CAPACITY: usize = 8192;
 
 /// What makes two events the same: the object (its UID, or namespace/kind/name without
 /// one), the type, the reason and the message.
@@ -57,6 +67,14 @@ struct Written {
     last: jiff::Timestamp,
 }
 
+/// One event waiting in a queued writer's queue.
+struct Queued {
+    object: ObjectReference,
+    kind: EventKind,
+    reason: String,
+    message: String,
+}
+
 /// Writes Events naming this scheduler as their source.
 #[derive(Clone)]
 pub struct EventWriter {
@@ -64,6 +82,15 @@ pub struct EventWriter {
     component: String,
     instance: String,
     written: Arc<Mutex<HashMap<EventKey, Written>>>,
+    /// Set on a [`EventWriter::queued`] writer: where `publish` puts events.
+    queue: Option<Queue>,
+}
+
+/// The sending side of a queued writer, and how many events it had to drop.
+#[derive(Clone)]
+struct Queue {
+    tx: mpsc::Sender<Queued>,
+    dropped: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl EventWriter {
@@ -74,11 +101,36 @@ impl EventWriter {
             component: component.to_owned(),
             instance: instance.to_owned(),
             written: Arc::default(),
+            queue: None,
         }
     }
 
-    /// Publishes one event about `object`. Failures are logged, never returned: an event is
-    /// advice, and a scheduling decision must not depend on it.
+    /// This writer behind a queue: `publish` returns at once and one task (spawned here, on
+    /// the current Tokio runtime) writes the events in order. The task ends when the last
+    /// clone of the returned writer is dropped, after writing what was queued.
+    pub fn queued(self) -> Self {
+        let (tx, mut rx) = mpsc::channel::<Queued>(QUEUE_CAPACITY);
+        let direct = Self {
+            queue: None,
+            ..self.clone()
+        };
+        tokio::spawn(async move {
+            while let Some(e) = rx.recv().await {
+                direct.write(&e.object, e.kind, &e.reason, &e.message).await;
+            }
+        });
+        Self {
+            queue: Some(Queue {
+                tx,
+                dropped: Arc::default(),
+            }),
+            ..self
+        }
+    }
+
+    /// Publishes one event about `object`: written before this returns, or for a
+    /// [`EventWriter::queued`] writer, queued to be written in order. Failures are logged,
+    /// never returned: an event is advice, and a scheduling decision must not depend on it.
     pub async fn publish(
         &self,
         object: &ObjectReference,
@@ -86,6 +138,32 @@ impl EventWriter {
         reason: &str,
         message: &str,
     ) {
+        let Some(queue) = &self.queue else {
+            return self.write(object, kind, reason, message).await;
+        };
+        let event = Queued {
+            object: object.clone(),
+            kind,
+            reason: reason.to_owned(),
+            message: message.to_owned(),
+        };
+        if let Err(mpsc::error::TrySendError::Full(_)) = queue.tx.try_send(event) {
+            let dropped = queue
+                .dropped
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            // One line per thousand, so a long outage does not flood the log either.
+            if dropped % 1000 == 0 {
+                tracing::warn!(
+                    dropped = dropped + 1,
+                    reason,
+                    "the event queue is full (the API server is not keeping up); events are dropped"
+                );
+            }
+        }
+    }
+
+    /// Writes one event now: a new Event, or a count raised on the one written before.
+    async fn write(&self, object: &ObjectReference, kind: EventKind, reason: &str, message: &str) {
         let namespace = object
             .namespace
             .clone()

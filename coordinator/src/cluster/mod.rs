@@ -17,6 +17,7 @@ mod plan;
 pub mod scheduler;
 pub mod snapshot;
 pub mod status;
+mod status_queue;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -90,6 +91,10 @@ pub struct CoordinatorConfig {
     /// client itself has no read timeout). The pod is then looked up, and watched for a
     /// late bind that would have to be rolled back.
     pub bind_call_timeout: Duration,
+    /// How many units' Bindings may be in flight at once (each unit's members still go one
+    /// after the other, so a refused member stops its gang). kube-scheduler's default binding
+    /// parallelism is 16 too.
+    pub binds_in_flight: usize,
     /// The agent registry to use; `None` = a fresh one. Tests pass their own to simulate
     /// agents without a gRPC stream.
     pub registry: Option<AgentRegistry>,
@@ -110,6 +115,7 @@ impl Default for CoordinatorConfig {
             cycle: CycleConfig::default(),
             bind_wait_timeout: Duration::from_secs(120),
             bind_call_timeout: Duration::from_secs(10),
+            binds_in_flight: 16,
             registry: None,
         }
     }

@@ -47,6 +47,7 @@ use super::gate;
 use super::plan::{Eviction, Now, Planner, Rollback, Write};
 use super::snapshot::{self, BuildContext};
 use super::status::StatusWriter;
+use super::status_queue::{StatusJob, StatusQueue};
 use crate::agents::AgentRegistry;
 use crate::ops::{Metrics, QueueSample};
 use tessera_core::cycle::{Decisions, schedule};
@@ -63,7 +64,9 @@ pub struct Scheduler {
     registry: AgentRegistry,
     metrics: Arc<Metrics>,
     binder: Binder,
-    status: StatusWriter,
+    status: StatusQueue,
+    /// Counts leadership terms, so the status writer knows when to forget what it wrote.
+    term: u64,
     planner: Planner,
     leader: watch::Receiver<bool>,
 }
@@ -81,11 +84,17 @@ impl Scheduler {
         // Every write of the loop (bindings, evictions, status, events) goes through the gate,
         // so a replica that lost the Lease mid-batch sends nothing more.
         let client = gate::gated(client, leader.clone());
-        let events = EventWriter::new(client.clone(), &config.scheduler_name, &config.identity);
+        // Events and status are written beside the loop: a Binding never waits for either.
+        let events =
+            EventWriter::new(client.clone(), &config.scheduler_name, &config.identity).queued();
         Self {
             binder: Binder::new(client.clone(), events.clone())
                 .with_call_timeout(config.bind_call_timeout),
-            status: StatusWriter::new(client, events),
+            status: StatusQueue::start(
+                StatusWriter::new(client, events),
+                config.scheduler_name.clone(),
+            ),
+            term: 0,
             planner: Planner::new(config.bind_wait_timeout),
             config,
             cache,
@@ -110,7 +119,7 @@ impl Scheduler {
             self.metrics.set_leader(leading);
             if leading != was_leader {
                 self.planner = Planner::new(self.config.bind_wait_timeout);
-                self.status.forget();
+                self.term += 1;
                 if leading {
                     tracing::info!(identity = %self.config.identity, "leading: scheduling");
                     // Occupancy may have changed while another replica led.
@@ -199,13 +208,16 @@ impl Scheduler {
         let waiting = self.planner.waiting_for_victims();
         let mut keep = self.planner.decided();
         keep.extend(nominated);
-        self.status
-            .nominations(&store, &self.config.scheduler_name, &waiting, &keep)
-            .await;
-        self.status
-            .update(&store, &translated, &decisions, &bound_now)
-            .await;
         self.record(&decisions);
+        self.status.submit(StatusJob {
+            term: self.term,
+            store,
+            translated,
+            decisions,
+            bound: bound_now,
+            waiting,
+            keep,
+        });
     }
 
     /// Executes `writes` in order, each outcome fed back to the planner, its follow-up writes
@@ -222,13 +234,30 @@ impl Scheduler {
                 return;
             }
             let follow_up = match write {
-                Write::Bind { unit, wave } => self.bind_wave(store, &unit, &wave, bound_now).await,
+                Write::Bind { unit, wave } => {
+                    let waves = take_concurrent_binds(
+                        &mut queue,
+                        (unit, wave),
+                        self.config.binds_in_flight,
+                    );
+                    self.bind_waves(store, &waves, bound_now).await
+                }
                 Write::RollBack { reason, members } => {
                     self.roll_back(&reason, &members).await;
                     Vec::new()
                 }
                 Write::Evict(eviction) => {
-                    self.evict(&eviction).await;
+                    // The evictions next in line are independent of each other: they go out
+                    // together, up to the same limit as bindings.
+                    let mut evictions = vec![eviction];
+                    while evictions.len() < self.config.binds_in_flight.max(1)
+                        && matches!(queue.front(), Some(Write::Evict(_)))
+                    {
+                        if let Some(Write::Evict(next)) = queue.pop_front() {
+                            evictions.push(next);
+                        }
+                    }
+                    self.evict_all(&evictions).await;
                     Vec::new()
                 }
             };
@@ -238,16 +267,17 @@ impl Scheduler {
         }
     }
 
-    async fn bind_wave(
+    /// Binds `waves` (each a unit's, member by member) concurrently, then feeds each outcome
+    /// to the planner in order and returns the follow-up writes of all of them.
+    async fn bind_waves(
         &mut self,
         store: &Store,
-        unit: &str,
-        wave: &[BindTarget],
+        waves: &[(String, Vec<BindTarget>)],
         bound_now: &mut BTreeSet<String>,
     ) -> Vec<Write> {
         // The agents hear of the bindings before the kubelets can: an Allocate must never
         // find its pod unknown to the agent and be mistaken for another one.
-        for t in wave {
+        for t in waves.iter().flat_map(|(_, wave)| wave) {
             if let Some(pod) = store.pods.get(&t.uid) {
                 let assignment = t.assignment.to_json();
                 if let Some((node, bound)) = super::node_pods::as_bound(pod, &t.node, &assignment) {
@@ -255,26 +285,32 @@ impl Scheduler {
                 }
             }
         }
-        let outcome = self.binder.bind_unit(wave).await;
-        for t in wave.iter().filter(|t| !outcome.bound.contains(&t.uid)) {
-            self.registry.withdraw_binding(&t.node, &t.uid);
-        }
-        bound_now.extend(outcome.bound.iter().cloned());
-        self.metrics.add_pods_placed(outcome.bound.len() as u64);
-        match &outcome.failed {
-            Some(failure) if failure.deposed => {
-                tracing::info!(
-                    unit,
-                    "leadership lost while binding a unit; the new leader takes over"
-                );
+        let binder = &self.binder;
+        let outcomes =
+            futures::future::join_all(waves.iter().map(|(_, wave)| binder.bind_unit(wave))).await;
+        let mut follow_up = Vec::new();
+        for ((unit, wave), outcome) in waves.iter().zip(outcomes) {
+            for t in wave.iter().filter(|t| !outcome.bound.contains(&t.uid)) {
+                self.registry.withdraw_binding(&t.node, &t.uid);
             }
-            Some(failure) => {
-                self.metrics.inc_bind_errors();
-                tracing::warn!(pod = %failure.uid, error = %failure.error, unit, "bind failed; the unit is not bound");
+            bound_now.extend(outcome.bound.iter().cloned());
+            self.metrics.add_pods_placed(outcome.bound.len() as u64);
+            match &outcome.failed {
+                Some(failure) if failure.deposed => {
+                    tracing::info!(
+                        unit,
+                        "leadership lost while binding a unit; the new leader takes over"
+                    );
+                }
+                Some(failure) => {
+                    self.metrics.inc_bind_errors();
+                    tracing::warn!(pod = %failure.uid, error = %failure.error, unit, "bind failed; the unit is not bound");
+                }
+                None => {}
             }
-            None => {}
+            follow_up.extend(self.planner.after_bind(unit, wave, &outcome, now()));
         }
-        self.planner.after_bind(unit, wave, &outcome, now())
+        follow_up
     }
 
     async fn roll_back(&mut self, reason: &str, members: &[Rollback]) {
@@ -287,15 +323,21 @@ impl Scheduler {
         self.planner.after_rollback(members, &outcome, now());
     }
 
-    async fn evict(&mut self, eviction: &Eviction) {
-        let result = self.binder.evict(&eviction.target, &eviction.text).await;
-        match &result {
-            Ok(_) => self.metrics.add_evictions(eviction.label, 1),
-            Err(error) => {
-                tracing::warn!(pod = %eviction.target.name, %error, "eviction failed; the next cycle decides again");
+    /// Evicts `evictions` concurrently, then tells the planner each outcome in order.
+    async fn evict_all(&mut self, evictions: &[Eviction]) {
+        let binder = &self.binder;
+        let results =
+            futures::future::join_all(evictions.iter().map(|e| binder.evict(&e.target, &e.text)))
+                .await;
+        for (eviction, result) in evictions.iter().zip(results) {
+            match &result {
+                Ok(_) => self.metrics.add_evictions(eviction.label, 1),
+                Err(error) => {
+                    tracing::warn!(pod = %eviction.target.name, %error, "eviction failed; the next cycle decides again");
+                }
             }
+            self.planner.after_evict(eviction, result.is_ok(), now());
         }
-        self.planner.after_evict(eviction, result.is_ok(), now());
     }
 
     fn record(&self, decisions: &Decisions) {
@@ -318,6 +360,39 @@ impl Scheduler {
         }
         self.metrics.set_queues(samples);
     }
+}
+
+/// `first` and the binding waves after it that may go out together with it: up to `limit`
+/// waves in all, no two binding to the same node, taken from the run of binding writes at the
+/// front of `queue` (what follows an eviction or a rollback waits for it). Per node the
+/// Bindings keep the planner's order, one at a time, as the kubelet's serial admission and the
+/// agent's matching of nameless Allocate calls expect; only different nodes' go concurrently.
+fn take_concurrent_binds(
+    queue: &mut VecDeque<Write>,
+    first: (String, Vec<BindTarget>),
+    limit: usize,
+) -> Vec<(String, Vec<BindTarget>)> {
+    let mut nodes: BTreeSet<String> = first.1.iter().map(|t| t.node.clone()).collect();
+    let mut waves = vec![first];
+    let mut i = 0;
+    // A bounded look-ahead: a long queue of one node's bindings is not scanned to its end.
+    let horizon = 4 * limit.max(1);
+    while waves.len() < limit.max(1) && i < queue.len().min(horizon) {
+        let Some(Write::Bind { wave, .. }) = queue.get(i) else {
+            break;
+        };
+        if wave.iter().any(|t| nodes.contains(&t.node)) {
+            // This node's earlier wave goes first; so does every later wave to it.
+            nodes.extend(wave.iter().map(|t| t.node.clone()));
+            i += 1;
+            continue;
+        }
+        nodes.extend(wave.iter().map(|t| t.node.clone()));
+        if let Some(Write::Bind { unit, wave }) = queue.remove(i) {
+            waves.push((unit, wave));
+        }
+    }
+    waves
 }
 
 /// The clock, read here only: the planner is given it.
@@ -354,5 +429,94 @@ fn pending_category(p: &tessera_core::cycle::PendingExplanation) -> &'static str
 async fn changed<T>(rx: &mut watch::Receiver<T>) {
     if rx.changed().await.is_err() {
         std::future::pending::<()>().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bind(unit: &str, nodes: &[&str]) -> Write {
+        Write::Bind {
+            unit: unit.into(),
+            wave: nodes
+                .iter()
+                .enumerate()
+                .map(|(i, n)| BindTarget {
+                    namespace: "default".into(),
+                    name: format!("{unit}-{i}"),
+                    uid: format!("{unit}-{i}"),
+                    node: (*n).into(),
+                    assignment: Default::default(),
+                })
+                .collect(),
+        }
+    }
+
+    fn units(waves: &[(String, Vec<BindTarget>)]) -> Vec<&str> {
+        waves.iter().map(|(u, _)| u.as_str()).collect()
+    }
+
+    fn left(queue: &VecDeque<Write>) -> Vec<String> {
+        queue
+            .iter()
+            .map(|w| match w {
+                Write::Bind { unit, .. } => unit.clone(),
+                Write::RollBack { .. } => "rollback".into(),
+                Write::Evict(_) => "evict".into(),
+            })
+            .collect()
+    }
+
+    fn first(write: Write) -> (String, Vec<BindTarget>) {
+        match write {
+            Write::Bind { unit, wave } => (unit, wave),
+            _ => unreachable!("the tests start with a binding"),
+        }
+    }
+
+    #[test]
+    fn different_nodes_go_together_and_one_nodes_bindings_keep_their_order() {
+        let mut queue = VecDeque::from([
+            bind("b", &["n2"]),
+            bind("c", &["n1"]),
+            bind("d", &["n3"]),
+            bind("e", &["n1"]),
+        ]);
+        let waves = take_concurrent_binds(&mut queue, first(bind("a", &["n1"])), 16);
+        assert_eq!(units(&waves), ["a", "b", "d"]);
+        assert_eq!(
+            left(&queue),
+            ["c", "e"],
+            "n1's later bindings wait, in order"
+        );
+    }
+
+    #[test]
+    fn a_gang_wave_claims_all_its_nodes_and_nothing_passes_a_rollback() {
+        let mut queue = VecDeque::from([
+            bind("other-on-n2", &["n2"]),
+            bind("n4", &["n4"]),
+            Write::RollBack {
+                reason: "r".into(),
+                members: Vec::new(),
+            },
+            bind("after", &["n5"]),
+        ]);
+        let waves = take_concurrent_binds(&mut queue, first(bind("gang", &["n1", "n2", "n3"])), 16);
+        assert_eq!(units(&waves), ["gang", "n4"]);
+        assert_eq!(left(&queue), ["other-on-n2", "rollback", "after"]);
+    }
+
+    #[test]
+    fn the_limit_bounds_the_waves_in_flight() {
+        let mut queue: VecDeque<Write> = (0..10)
+            .map(|i| bind(&format!("u{i}"), &[&format!("n{i}")]))
+            .collect();
+        let waves = take_concurrent_binds(&mut queue, first(bind("a", &["m"])), 3);
+        assert_eq!(units(&waves), ["a", "u0", "u1"]);
+        assert_eq!(queue.len(), 8);
+        let one = take_concurrent_binds(&mut queue, first(bind("b", &["m"])), 1);
+        assert_eq!(units(&one), ["b"]);
     }
 }

@@ -5,6 +5,12 @@
 //! Every write happens only when its content changed: the object's current status is compared
 //! first (so a new leader does not rewrite what the old one wrote), then what this replica
 //! wrote last (so a write whose watch echo has not arrived is not repeated).
+//!
+//! The writer runs beside the scheduling loop, not in it (`cluster::status_queue`), so what it
+//! writes about a pod may be a cycle old. A pod status patch therefore carries the
+//! `resourceVersion` the cycle saw as its precondition: a pod bound (or otherwise changed)
+//! since is refused with 409 and left alone, never marked `PodScheduled=False` after its
+//! Binding set it `True`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -105,6 +111,9 @@ impl StatusWriter {
                 Ok(_) => {
                     self.nominated.insert(uid.clone(), want);
                 }
+                Err(error) if is_conflict(&error) => {
+                    tracing::debug!(pod = %pod.name_any(), "the pod changed since this cycle read it; its nomination is looked at again")
+                }
                 Err(error) => {
                     tracing::warn!(pod = %pod.name_any(), %error, "could not write the pod's nominatedNodeName")
                 }
@@ -189,6 +198,8 @@ impl StatusWriter {
         self.topologies(store, translated, &now).await;
     }
 
+    /// Patches the pod's status on condition that the pod is still the version `pod` is (see
+    /// the module doc); a 409 means it changed since and the next cycle looks again.
     async fn patch_pod_status(
         &self,
         pod: &Pod,
@@ -196,7 +207,12 @@ impl StatusWriter {
     ) -> kube::Result<Pod> {
         let api: Api<Pod> =
             Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
-        api.patch_status(&pod.name_any(), &PatchParams::default(), patch)
+        let patch = match (patch, &pod.metadata.resource_version) {
+            (Patch::Merge(body), Some(rv)) => Patch::Merge(with_resource_version(body, rv)),
+            (Patch::Strategic(body), Some(rv)) => Patch::Strategic(with_resource_version(body, rv)),
+            (other, _) => other.clone(),
+        };
+        api.patch_status(&pod.name_any(), &PatchParams::default(), &patch)
             .await
     }
 
@@ -243,6 +259,9 @@ impl StatusWriter {
                         .await;
                 }
                 self.pod_messages.insert(uid, (reason, message.to_owned()));
+            }
+            Err(error) if is_conflict(&error) => {
+                tracing::debug!(pod = %pod.name_any(), "the pod changed since this cycle read it; its condition is looked at again");
             }
             Err(error) => {
                 tracing::warn!(pod = %pod.name_any(), %error, reason, "could not write the pod's PodScheduled condition")
@@ -458,4 +477,18 @@ fn pod_object(pod: &Pod) -> ObjectReference {
         &pod.name_any(),
         pod.metadata.uid.as_deref().unwrap_or(""),
     )
+}
+
+/// `body` with `metadata.resourceVersion: rv`, the server's precondition for a patch.
+fn with_resource_version(body: &serde_json::Value, rv: &str) -> serde_json::Value {
+    let mut body = body.clone();
+    if let Some(fields) = body.as_object_mut() {
+        fields.insert("metadata".into(), json!({ "resourceVersion": rv }));
+    }
+    body
+}
+
+/// A 409: the object changed since the store showed it.
+fn is_conflict(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(s) if s.code == 409)
 }
