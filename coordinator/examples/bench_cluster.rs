@@ -1,5 +1,5 @@
 //! `hack/bench-cluster`: end-to-end binding speed through the real API server, Tessera side by
-//! side with the real kube-scheduler in the same run (issue #18, part 1, first version).
+//! side with the real kube-scheduler in the same run (issue #18).
 //!
 //! One control plane from `hack/k8s` (etcd, kube-apiserver, kube-scheduler), two pools of
 //! `--nodes` device-less 8-GPU nodes created as plain Node objects (no kubelet: nothing here
@@ -153,6 +153,10 @@ fn parse_options() -> anyhow::Result<Options> {
     Ok(o)
 }
 
+/// The coordinator binary's allocator, so the in-process coordinator costs what it would.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> anyhow::Result<()> {
     let o = parse_options()?;
@@ -280,6 +284,8 @@ async fn main() -> anyhow::Result<()> {
     // the machine, and this process's CPU in that phase is the benchmark client's alone.
     coordinator.shutdown().await;
     drop(agents);
+    // kube-scheduler's cache would otherwise carry every pod the Tessera phases left.
+    clear_namespace(&admin, TESSERA_NS).await?;
 
     let kube_pods: Vec<Pod> = (0..o.pods).map(kube_pod).collect();
     let kube = run_phase(Phase {

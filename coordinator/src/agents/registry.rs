@@ -125,6 +125,14 @@ struct Inner {
     /// snapshots until the cache shows them there, or [`ANNOUNCED_FOR`] passed (the
     /// Binding failed and the cache never will).
     announced: Mutex<BTreeMap<String, Announced>>,
+    /// Per node with pods, its list as the pod cache last gave it (without announcements):
+    /// what a node left out of a [`AgentRegistry::publish_changed_node_pods`] still has.
+    /// Kept apart from the cells because a cell's list mixes in announcements, some since
+    /// withdrawn.
+    bases: Mutex<BTreeMap<String, pb::NodePods>>,
+    /// Whether a complete snapshot was published: from then on a node without a cell has
+    /// no pods (every publish makes a cell for each node it names).
+    pods_published: std::sync::atomic::AtomicBool,
     changes: watch::Sender<u64>,
     next_session: Mutex<u64>,
 }
@@ -166,6 +174,8 @@ impl AgentRegistry {
                 nodes: Mutex::new(BTreeMap::new()),
                 pods: Mutex::new(BTreeMap::new()),
                 announced: Mutex::new(BTreeMap::new()),
+                bases: Mutex::new(BTreeMap::new()),
+                pods_published: std::sync::atomic::AtomicBool::new(false),
                 changes,
                 next_session: Mutex::new(0),
             }),
@@ -408,24 +418,61 @@ impl AgentRegistry {
     /// Publishes every node's pods (from a complete pod cache): each node's stream sends
     /// its snapshot when it differs from the last one; nodes missing from `pods` get an
     /// empty one (their pods are all gone).
-    pub fn publish_node_pods(&self, mut pods: BTreeMap<String, pb::NodePods>) {
+    pub fn publish_node_pods(&self, pods: BTreeMap<String, pb::NodePods>) {
+        self.publish(pods, true);
+    }
+
+    /// Publishes the pods of the nodes in `changed` only (each node's complete list, empty
+    /// when its pods all left), after one complete [`AgentRegistry::publish_node_pods`]:
+    /// the other nodes' snapshots stay as they are, but for their announcements, which are
+    /// kept up to date on every call. What a large cluster's pod cache publishes on each
+    /// change, instead of every node's pods.
+    pub fn publish_changed_node_pods(&self, changed: BTreeMap<String, pb::NodePods>) {
+        self.publish(changed, false);
+    }
+
+    fn publish(&self, mut pods: BTreeMap<String, pb::NodePods>, complete: bool) {
         {
             let mut announced = self.inner.announced.lock();
+            let mut bases = self.inner.bases.lock();
+            if complete {
+                bases.clear();
+            }
+            for (node, list) in &pods {
+                if list.pods.is_empty() {
+                    bases.remove(node);
+                } else {
+                    bases.insert(node.clone(), list.clone());
+                }
+            }
             for (node, by_uid) in announced.iter_mut() {
+                if !complete && !pods.contains_key(node) {
+                    // Unchanged, but an announcement may have expired or landed: the node's
+                    // list is its base with the announcements still standing.
+                    pods.insert(node.clone(), bases.get(node).cloned().unwrap_or_default());
+                }
                 let snapshot = pods.entry(node.clone()).or_default();
+                let listed: std::collections::HashSet<&str> =
+                    snapshot.pods.iter().map(|p| p.uid.as_str()).collect();
+                let mut add = Vec::new();
                 by_uid.retain(|uid, (pod, at)| {
-                    if snapshot.pods.iter().any(|p| p.uid == *uid) || at.elapsed() > ANNOUNCED_FOR {
+                    if listed.contains(uid.as_str()) || at.elapsed() > ANNOUNCED_FOR {
                         return false;
                     }
-                    snapshot.pods.push(pod.clone());
+                    add.push(pod.clone());
                     true
                 });
+                snapshot.pods.extend(add);
             }
             announced.retain(|_, by_uid| !by_uid.is_empty());
         }
         let mut cells = self.inner.pods.lock();
         for (node, cell) in cells.iter() {
-            let next = pods.remove(node).unwrap_or_default();
+            let next = match pods.remove(node) {
+                Some(next) => next,
+                None if complete => pb::NodePods::default(),
+                None => continue,
+            };
             cell.send_if_modified(|current| {
                 if current.as_deref() == Some(&next) {
                     return false;
@@ -437,6 +484,11 @@ impl AgentRegistry {
         for (node, next) in pods {
             let (cell, _) = watch::channel(Some(Arc::new(next)));
             cells.insert(node, cell);
+        }
+        if complete {
+            self.inner
+                .pods_published
+                .store(true, std::sync::atomic::Ordering::Release);
         }
     }
 
@@ -493,11 +545,26 @@ impl AgentRegistry {
 
     /// The `NodePods` of `node` as they change; `None` until first published.
     pub fn node_pods(&self, node: &str) -> watch::Receiver<Option<Arc<pb::NodePods>>> {
+        let published = self
+            .inner
+            .pods_published
+            .load(std::sync::atomic::Ordering::Acquire);
+        // After a complete publish, a node without a cell had no pods in any snapshot since.
+        // (Read before the cells are locked: `publish` takes the two locks in this order.)
+        let first = published.then(|| {
+            let announced = self.inner.announced.lock();
+            Arc::new(pb::NodePods {
+                pods: announced
+                    .get(node)
+                    .map(|by_uid| by_uid.values().map(|(p, _)| p.clone()).collect())
+                    .unwrap_or_default(),
+            })
+        });
         self.inner
             .pods
             .lock()
             .entry(node.to_owned())
-            .or_insert_with(|| watch::channel(None).0)
+            .or_insert_with(|| watch::channel(first).0)
             .subscribe()
     }
 

@@ -6,7 +6,8 @@
 //! is gone, and the agent releases its shares. Any scheduler's pods are included; the
 //! agent gives whole free GPUs to those without an assignment.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use tessera_proto::tessera::v1 as pb;
@@ -91,8 +92,92 @@ pub fn by_node(store: &Store) -> BTreeMap<String, pb::NodePods> {
     out
 }
 
-/// Publishes [`by_node`] into `registry` whenever the cache changes, from the moment it
-/// is complete, until `shutdown`.
+/// Changes arriving together (a burst of bindings and their status updates) are published
+/// once: the agents learn of a binding from its announcement, not from this.
+const SETTLE: Duration = Duration::from_millis(20);
+
+/// Every node's GPU pods as last published, kept up to date change by change: a pod's
+/// entry is described again only when its `resourceVersion` moved, and only the nodes whose
+/// list changed are published again. The first [`Tracker::update`] returns every node.
+#[derive(Default)]
+pub struct Tracker {
+    /// Per pod uid: the resourceVersion last looked at and where it was listed.
+    seen: HashMap<String, (Option<String>, Option<String>)>,
+    /// Per node, its pods by uid (the order `NodePods` lists them in).
+    nodes: BTreeMap<String, BTreeMap<String, pb::BoundPod>>,
+}
+
+impl Tracker {
+    /// Brings the lists up to `store` and returns the complete list of every node whose
+    /// list changed (empty for a node whose pods all left).
+    pub fn update(&mut self, store: &Store) -> BTreeMap<String, pb::NodePods> {
+        let mut dirty = BTreeSet::new();
+        for (uid, pod) in &store.pods {
+            let rv = pod.metadata.resource_version.as_ref();
+            let before = self.seen.get(uid);
+            if rv.is_some() && before.is_some_and(|(seen, _)| seen.as_ref() == rv) {
+                continue;
+            }
+            let old_node = before.and_then(|(_, node)| node.clone());
+            let now = bound_pod(pod);
+            let same = match (&old_node, &now) {
+                (Some(old), Some((node, bound))) => {
+                    old == node && self.nodes.get(old).and_then(|m| m.get(uid)) == Some(bound)
+                }
+                (None, None) => true,
+                _ => false,
+            };
+            let new_node = now.as_ref().map(|(node, _)| node.clone());
+            self.seen.insert(uid.clone(), (rv.cloned(), new_node));
+            if same {
+                continue;
+            }
+            if let Some(old) = old_node {
+                if let Some(m) = self.nodes.get_mut(&old) {
+                    m.remove(uid);
+                }
+                dirty.insert(old);
+            }
+            if let Some((node, bound)) = now {
+                self.nodes
+                    .entry(node.clone())
+                    .or_default()
+                    .insert(uid.clone(), bound);
+                dirty.insert(node);
+            }
+        }
+        let nodes = &mut self.nodes;
+        self.seen.retain(|uid, (_, node)| {
+            if store.pods.contains_key(uid) {
+                return true;
+            }
+            if let Some(node) = node.take() {
+                if let Some(m) = nodes.get_mut(&node) {
+                    m.remove(uid);
+                }
+                dirty.insert(node);
+            }
+            false
+        });
+        dirty
+            .into_iter()
+            .map(|node| {
+                let pods = self
+                    .nodes
+                    .get(&node)
+                    .map(|m| m.values().cloned().collect())
+                    .unwrap_or_default();
+                if self.nodes.get(&node).is_some_and(BTreeMap::is_empty) {
+                    self.nodes.remove(&node);
+                }
+                (node, pb::NodePods { pods })
+            })
+            .collect()
+    }
+}
+
+/// Publishes the nodes' pods into `registry` whenever the cache changes, from the moment it
+/// is complete, until `shutdown`: every node once, then the nodes whose pods changed.
 pub async fn publish(cache: Cache, registry: AgentRegistry, mut shutdown: watch::Receiver<bool>) {
     let mut ready = cache.ready();
     tokio::select! {
@@ -100,13 +185,17 @@ pub async fn publish(cache: Cache, registry: AgentRegistry, mut shutdown: watch:
         _ = stopped(&mut shutdown) => return,
     }
     let mut changes = cache.changes();
+    let mut tracker = Tracker::default();
+    changes.borrow_and_update();
+    registry.publish_node_pods(cache.read(|store| tracker.update(store)));
     loop {
-        changes.borrow_and_update();
-        registry.publish_node_pods(cache.read(by_node));
         tokio::select! {
             changed = changes.changed() => if changed.is_err() { return },
             _ = stopped(&mut shutdown) => return,
         }
+        tokio::time::sleep(SETTLE).await;
+        changes.borrow_and_update();
+        registry.publish_changed_node_pods(cache.read(|store| tracker.update(store)));
     }
 }
 
@@ -190,6 +279,104 @@ mod tests {
         assert_eq!(
             rx.borrow_and_update().as_deref(),
             Some(&pb::NodePods::default())
+        );
+    }
+
+    fn gpu_pod(name: &str, node: &str, rv: &str, phase: &str) -> Arc<Pod> {
+        pod(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ml", "uid": name, "resourceVersion": rv},
+            "spec": {"nodeName": node,
+                     "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+            "status": {"phase": phase}
+        }))
+    }
+
+    /// Puts GPU pod `name` (its uid too) bound to `node` into `store`.
+    fn put(store: &mut Store, name: &str, node: &str, rv: &str, phase: &str) {
+        store
+            .pods
+            .insert(name.into(), gpu_pod(name, node, rv, phase));
+    }
+
+    fn names(pods: &pb::NodePods) -> Vec<&str> {
+        pods.pods.iter().map(|p| p.name.as_str()).collect()
+    }
+
+    #[test]
+    fn the_tracker_returns_only_the_nodes_whose_pods_changed() {
+        let mut store = Store::default();
+        put(&mut store, "a", "n1", "1", "Pending");
+        put(&mut store, "b", "n2", "1", "Pending");
+        let mut tracker = Tracker::default();
+        let first = tracker.update(&store);
+        assert_eq!(first.keys().collect::<Vec<_>>(), ["n1", "n2"]);
+        assert_eq!(first, by_node(&store), "the first update is every node");
+        assert!(tracker.update(&store).is_empty(), "nothing changed");
+
+        // A status change that the agent does not see (new resourceVersion, same entry).
+        put(&mut store, "b", "n2", "2", "Pending");
+        assert!(tracker.update(&store).is_empty());
+
+        // Started (the agent sees that), a new pod elsewhere, and one finished.
+        put(&mut store, "b", "n2", "3", "Running");
+        put(&mut store, "c", "n3", "1", "Pending");
+        put(&mut store, "a", "n1", "2", "Succeeded");
+        let changed = tracker.update(&store);
+        assert_eq!(changed.keys().collect::<Vec<_>>(), ["n1", "n2", "n3"]);
+        assert!(changed["n1"].pods.is_empty(), "n1's pod finished");
+        assert!(changed["n2"].pods[0].started);
+        assert_eq!(names(&changed["n3"]), ["c"]);
+
+        // Deleted from the cache: its node is told.
+        store.pods.remove("c");
+        let changed = tracker.update(&store);
+        assert_eq!(changed.keys().collect::<Vec<_>>(), ["n3"]);
+        assert!(changed["n3"].pods.is_empty());
+        assert_eq!(
+            {
+                let mut all = tracker.update(&store);
+                all.retain(|_, p| !p.pods.is_empty());
+                all
+            },
+            BTreeMap::new()
+        );
+        // Whatever happened in between, the lists equal a rebuild from scratch.
+        let mut fresh = Tracker::default();
+        assert_eq!(fresh.update(&store), by_node(&store));
+    }
+
+    #[test]
+    fn publishing_changes_leaves_other_nodes_alone_and_a_late_node_starts_empty() {
+        let registry = AgentRegistry::new();
+        let mut n1 = registry.node_pods("n1");
+        let one = |name: &str| pb::NodePods {
+            pods: vec![pb::BoundPod {
+                uid: name.into(),
+                name: name.into(),
+                ..Default::default()
+            }],
+        };
+        registry.publish_node_pods(BTreeMap::from([
+            ("n1".to_owned(), one("a")),
+            ("n2".to_owned(), one("b")),
+        ]));
+        assert_eq!(names(n1.borrow_and_update().as_deref().unwrap()), ["a"]);
+        let mut n2 = registry.node_pods("n2");
+        n2.borrow_and_update();
+        registry.publish_changed_node_pods(BTreeMap::from([("n2".to_owned(), one("c"))]));
+        assert!(!n1.has_changed().unwrap(), "n1 did not change");
+        assert_eq!(names(n2.borrow_and_update().as_deref().unwrap()), ["c"]);
+
+        // A node that never had pods gets a complete, empty list at once, with what is
+        // being bound there.
+        let late = registry.node_pods("n9");
+        assert_eq!(late.borrow().as_deref(), Some(&pb::NodePods::default()));
+        registry.announce_binding("n9", one("d").pods.remove(0));
+        registry.publish_changed_node_pods(BTreeMap::new());
+        assert_eq!(
+            names(late.borrow().as_deref().unwrap()),
+            ["d"],
+            "announcements stay"
         );
     }
 }

@@ -45,7 +45,7 @@ use super::cache::{Cache, Store};
 use super::events::EventWriter;
 use super::gate;
 use super::plan::{Eviction, Now, Planner, Rollback, Write};
-use super::snapshot::{self, BuildContext};
+use super::snapshot::{BuildContext, Builder};
 use super::status::StatusWriter;
 use super::status_queue::{StatusJob, StatusQueue};
 use crate::agents::AgentRegistry;
@@ -68,6 +68,8 @@ pub struct Scheduler {
     /// Counts leadership terms, so the status writer knows when to forget what it wrote.
     term: u64,
     planner: Planner,
+    /// Remembers pods' translations from cycle to cycle.
+    snapshots: Builder,
     leader: watch::Receiver<bool>,
 }
 
@@ -96,6 +98,7 @@ impl Scheduler {
             ),
             term: 0,
             planner: Planner::new(config.bind_wait_timeout),
+            snapshots: Builder::default(),
             config,
             cache,
             registry,
@@ -166,7 +169,7 @@ impl Scheduler {
             .set_agents_connected(self.registry.connected_count());
         let overlay = self.planner.overlay(&store);
         let at = now();
-        let mut translated = snapshot::build(
+        let mut translated = self.snapshots.build(
             &store,
             &agents,
             &overlay,

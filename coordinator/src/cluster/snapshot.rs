@@ -49,12 +49,44 @@ pub struct BuildContext<'a> {
     pub scheduler_name: &'a str,
 }
 
-/// Builds the snapshot (and the validation problems to report) for one cycle.
+/// Builds the snapshot (and the validation problems to report) for one cycle, translating
+/// every pod.
 pub fn build(
     store: &Store,
     agents: &[AgentNode],
     overlay: &Overlay,
     ctx: &BuildContext<'_>,
+) -> Translated {
+    build_with(store, agents, overlay, ctx, None)
+}
+
+/// Builds one cycle's snapshot after another, remembering each pod's translation until the
+/// pod changes (its `resourceVersion` moves): a cycle while pods are being bound translates
+/// the few that changed, not the whole store. The same result as [`build`]'s.
+#[derive(Default)]
+pub struct Builder {
+    pods: translate::PodMemo,
+}
+
+impl Builder {
+    /// The snapshot (and the validation problems to report) for one cycle.
+    pub fn build(
+        &mut self,
+        store: &Store,
+        agents: &[AgentNode],
+        overlay: &Overlay,
+        ctx: &BuildContext<'_>,
+    ) -> Translated {
+        build_with(store, agents, overlay, ctx, Some(&mut self.pods))
+    }
+}
+
+fn build_with(
+    store: &Store,
+    agents: &[AgentNode],
+    overlay: &Overlay,
+    ctx: &BuildContext<'_>,
+    memo: Option<&mut translate::PodMemo>,
 ) -> Translated {
     let mut agent_gpus = BTreeMap::new();
     for a in agents {
@@ -91,7 +123,10 @@ pub fn build(
             .map(|b| b.as_ref())
             .collect(),
     };
-    let mut out = translate::snapshot(&inputs);
+    let mut out = match memo {
+        Some(memo) => translate::snapshot_with(&inputs, memo),
+        None => translate::snapshot(&inputs),
+    };
     let by_node: BTreeMap<&str, &AgentNode> = agents.iter().map(|a| (a.node.as_str(), a)).collect();
     for pod in &mut out.snapshot.pods {
         if pod.placement.is_none()

@@ -4,7 +4,8 @@
 //! topology, nodes (taints, pod limit, extended resources) and namespaces' labels. No I/O and
 //! no clocks: the caller passes `now`.
 //!
-//! The cluster cache stores objects and calls [`snapshot`] once per cycle.
+//! The cluster cache stores objects and calls [`snapshot_with`] once per cycle, with a
+//! [`PodMemo`] that remembers each pod's translation until its `resourceVersion` moves.
 
 pub mod budgets;
 pub mod constraints;
@@ -120,14 +121,100 @@ pub fn pod_context(inputs: &Inputs<'_>) -> PodContext {
 /// namespace and name), groups, queues (plus an implicit top-level `default` queue when no Queue
 /// object has that name, so unlabelled pods schedule on a bare cluster) and the topology.
 pub fn snapshot(inputs: &Inputs<'_>) -> Translated {
+    assemble(inputs, None)
+}
+
+/// Each pod's [`pod::translate`] from an earlier cycle, reused while the pod's
+/// `resourceVersion` and the context it was translated in stay the same: the API server
+/// moves a pod's `resourceVersion` on every change to it, and the translation reads nothing
+/// but the pod and the [`PodContext`]. A pod without a `resourceVersion`, a uid or a
+/// creation time (whose translation reads `now`) is translated every time.
+#[derive(Default)]
+pub struct PodMemo {
+    /// The context of the entries, less `now` (which only pods without a creation time read).
+    context: Option<(String, BTreeMap<String, i32>, i32)>,
+    /// Per pod uid: the resourceVersion translated, the result, and the pass that last used it.
+    entries: rustc_hash::FxHashMap<String, (String, Option<TranslatedPod>, u64)>,
+    /// Bumped on every pass; entries not used in a pass belong to pods gone from the store.
+    pass: u64,
+}
+
+impl PodMemo {
+    /// Starts a pass in `ctx`: a context that differs from the entries' forgets them all.
+    fn begin(&mut self, ctx: &PodContext) {
+        let context = (
+            ctx.scheduler_name.clone(),
+            ctx.priority_classes.clone(),
+            ctx.default_priority,
+        );
+        if self.context.as_ref() != Some(&context) {
+            self.entries.clear();
+            self.context = Some(context);
+        }
+        self.pass += 1;
+    }
+
+    /// `pod::translate(pod, ctx)`, from the memo when the pod is unchanged.
+    fn translate(&mut self, pod: &KubePod, ctx: &PodContext) -> Option<TranslatedPod> {
+        let meta = &pod.metadata;
+        let (Some(uid), Some(rv), Some(_)) = (
+            meta.uid.as_ref(),
+            meta.resource_version.as_ref(),
+            meta.creation_timestamp.as_ref(),
+        ) else {
+            return pod::translate(pod, ctx);
+        };
+        let pass = self.pass;
+        if let Some((seen, translated, used)) = self.entries.get_mut(uid)
+            && seen == rv
+        {
+            *used = pass;
+            return translated.clone();
+        }
+        let translated = pod::translate(pod, ctx);
+        self.entries
+            .insert(uid.clone(), (rv.clone(), translated.clone(), pass));
+        translated
+    }
+
+    /// Ends a pass: forgets the pods it did not see.
+    fn end(&mut self) {
+        let pass = self.pass;
+        self.entries.retain(|_, (_, _, used)| *used == pass);
+    }
+
+    /// How many pods' translations are remembered.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no translation is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// [`snapshot`], translating again only the pods `memo` has not seen at their current
+/// `resourceVersion`; the result is the same as [`snapshot`]'s.
+pub fn snapshot_with(inputs: &Inputs<'_>, memo: &mut PodMemo) -> Translated {
+    assemble(inputs, Some(memo))
+}
+
+fn assemble(inputs: &Inputs<'_>, mut memo: Option<&mut PodMemo>) -> Translated {
     let ctx = pod_context(inputs);
     let volume_objects =
         volumes::VolumeObjects::new(&inputs.claims, &inputs.volumes, &inputs.storage_classes);
+    if let Some(memo) = memo.as_deref_mut() {
+        memo.begin(&ctx);
+    }
     let mut pods: Vec<TranslatedPod> = inputs
         .pods
         .iter()
         .filter_map(|p| {
-            let mut t = pod::translate(p, &ctx)?;
+            let mut t = match memo.as_deref_mut() {
+                Some(memo) => memo.translate(p, &ctx),
+                None => pod::translate(p, &ctx),
+            }?;
             // Volume binding is a scheduling-time check: only pods Tessera is to place.
             if !t.pod.owned_by_other_scheduler && t.pod.placement.is_none() {
                 t.pod.constraints.volume_node_affinity =
@@ -136,6 +223,9 @@ pub fn snapshot(inputs: &Inputs<'_>) -> Translated {
             Some(t)
         })
         .collect();
+    if let Some(memo) = memo {
+        memo.end();
+    }
     pods.sort_by(|a, b| {
         (a.pod.created, &a.pod.namespace, &a.pod.name).cmp(&(
             b.pod.created,

@@ -644,3 +644,68 @@ fn a_named_podgroup_that_does_not_exist_holds_its_pods() {
     let out = translate::snapshot(&inputs);
     assert!(out.snapshot.pods.iter().all(|p| p.input_errors.is_empty()));
 }
+
+/// Every snapshot translated with a memo of earlier passes equals one translated afresh, as
+/// pods change, come and go, and the context (priority classes, `now`) moves.
+#[test]
+fn the_pod_memo_gives_what_a_fresh_translation_gives() {
+    let versioned = |name: &str, rv: &str, meta: Value, spec: Value| {
+        let mut p = kpod(name, meta, spec);
+        p.metadata.resource_version = Some(rv.into());
+        p
+    };
+    let gpu = json!({"containers": [{"name": "main",
+                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]});
+    let mut pods = vec![
+        versioned(
+            "a",
+            "1",
+            json!({"labels": {"tessera.dev/queue": "q1"}}),
+            gpu.clone(),
+        ),
+        versioned("b", "1", json!({}), json!({"priorityClassName": "high"})),
+        versioned(
+            "c",
+            "1",
+            json!({"annotations": {"tessera.dev/gpu-fraction": "0.5"}}),
+            json!({"nodeName": "n1"}),
+        ),
+    ];
+    // Without a creation time: created "now", which moves.
+    let mut undated = versioned("d", "1", json!({}), gpu.clone());
+    undated.metadata.creation_timestamp = None;
+    pods.push(undated);
+    let high: PriorityClass =
+        serde_json::from_value(json!({"metadata": {"name": "high"}, "value": 1000})).unwrap();
+    let higher: PriorityClass =
+        serde_json::from_value(json!({"metadata": {"name": "high"}, "value": 5000})).unwrap();
+
+    let mut memo = translate::PodMemo::default();
+    let mut check = |pods: &[KubePod], class: &PriorityClass, now: u64| {
+        let mut inputs = Inputs::new(now, "tessera");
+        inputs.pods = pods.iter().collect();
+        inputs.priority_classes = vec![class];
+        let fresh = translate::snapshot(&inputs);
+        let memoized = translate::snapshot_with(&inputs, &mut memo);
+        assert_eq!(format!("{memoized:?}"), format!("{fresh:?}"));
+    };
+    check(&pods, &high, 100);
+    check(&pods, &high, 200);
+    // A pod changed (a new resourceVersion), one gone, one new.
+    pods[0] = versioned(
+        "a",
+        "2",
+        json!({"labels": {"tessera.dev/queue": "q2"}}),
+        json!({"nodeName": "n2"}),
+    );
+    pods.remove(2);
+    pods.push(versioned("e", "1", json!({}), gpu));
+    check(&pods, &high, 300);
+    // The same pods, but their priority class's value moved.
+    check(&pods, &higher, 300);
+    assert_eq!(
+        memo.len(),
+        3,
+        "the undated pod is not remembered, the gone one forgotten"
+    );
+}
