@@ -74,6 +74,8 @@ const CLOCK_TICKS: f64 = 100.0;
 struct Options {
     nodes: usize,
     pods: usize,
+    /// kube-scheduler's pods: `pods`, or as many whole GPUs as its pool has when fewer.
+    kube_pods: usize,
     queues: usize,
     json: Option<PathBuf>,
     timeout: Duration,
@@ -89,6 +91,7 @@ fn parse_options() -> anyhow::Result<Options> {
     let mut o = Options {
         nodes: 200,
         pods: 1600,
+        kube_pods: 0,
         queues: 10,
         json: None,
         timeout: Duration::from_secs(600),
@@ -138,16 +141,20 @@ fn parse_options() -> anyhow::Result<Options> {
             other => bail!("unknown argument {other} (try --help)"),
         }
     }
-    // kube-scheduler's pods are all whole GPUs on a pool of the same size (its warm-up pod is
-    // deleted before they are created).
+    // Tessera's pods take 1, 1, 0.5 and 0.25 GPU in turn; kube-scheduler's are all whole GPUs
+    // on a pool of the same size (its warm-up pod is deleted before they are created), as many
+    // as fit when `--pods` does not.
     let capacity = o.nodes * GPUS_PER_NODE as usize;
-    if o.pods > capacity {
+    let tessera_gpus =
+        o.pods.div_ceil(4) * 2 + o.pods.div_ceil(4).div_ceil(2) + o.pods.div_ceil(16);
+    if tessera_gpus > capacity {
         bail!(
-            "--pods {} does not fit {} nodes of {GPUS_PER_NODE} GPUs ({capacity} whole-GPU pods at most)",
+            "--pods {} needs about {tessera_gpus} GPUs, more than {} nodes of {GPUS_PER_NODE} GPUs have ({capacity})",
             o.pods,
             o.nodes
         );
     }
+    o.kube_pods = o.pods.min(capacity);
     o.gang = o.gang.min(capacity);
     o.reclaim_gpus = o.reclaim_gpus.min(capacity / 2);
     Ok(o)
@@ -287,7 +294,7 @@ async fn main() -> anyhow::Result<()> {
     // kube-scheduler's cache would otherwise carry every pod the Tessera phases left.
     clear_namespace(&admin, TESSERA_NS).await?;
 
-    let kube_pods: Vec<Pod> = (0..o.pods).map(kube_pod).collect();
+    let kube_pods: Vec<Pod> = (0..o.kube_pods).map(kube_pod).collect();
     let kube = run_phase(Phase {
         name: "kube-scheduler",
         namespace: KUBE_NS,
@@ -310,6 +317,7 @@ async fn main() -> anyhow::Result<()> {
         "nodes_per_pool": o.nodes,
         "gpus_per_node": GPUS_PER_NODE,
         "pods_per_phase": o.pods,
+        "kube_scheduler_pods": o.kube_pods,
         "queues": o.queues,
         "machine": {
             "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
@@ -355,9 +363,14 @@ async fn main() -> anyhow::Result<()> {
         )
     });
     let table = format!(
-        "| {} nodes × {GPUS_PER_NODE} GPUs per pool, {} pods, {} queues | Tessera {:.0} pods/s (p50 {:.0} ms, p99 {:.0} ms, {:.1} CPU s, {:.1} API requests/pod), kube-scheduler (QPS {}) {:.0} pods/s (p50 {:.0} ms, p99 {:.0} ms, {:.1} CPU s, {:.1} API requests/pod), **{:.2}×**{gang_text}{reclaim_text}; coordinator process peak RSS {:.0} MiB (load average {} → {}) | `hack/bench-cluster --nodes {} --pods {} --queues {} --gang {} --reclaim-gpus {} --kube-scheduler-qps {}` |",
+        "| {} nodes × {GPUS_PER_NODE} GPUs per pool, {} pods{}, {} queues | Tessera {:.0} pods/s (p50 {:.0} ms, p99 {:.0} ms, {:.1} CPU s, {:.1} API requests/pod), kube-scheduler (QPS {}) {:.0} pods/s (p50 {:.0} ms, p99 {:.0} ms, {:.1} CPU s, {:.1} API requests/pod), **{:.2}×**{gang_text}{reclaim_text}; coordinator process peak RSS {:.0} MiB (load average {} → {}) | `hack/bench-cluster --nodes {} --pods {} --queues {} --gang {} --reclaim-gpus {} --kube-scheduler-qps {}` |",
         o.nodes,
         o.pods,
+        if o.kube_pods < o.pods {
+            format!(" (kube-scheduler's phase {}: its pool's GPUs)", o.kube_pods)
+        } else {
+            String::new()
+        },
         o.queues,
         tessera.pods_per_second,
         tessera.p50_ms,
@@ -716,12 +729,25 @@ async fn create_pod_group(
 async fn clear_namespace(admin: &kube::Client, namespace: &str) -> anyhow::Result<()> {
     progress(format_args!("emptying {namespace}"));
     let api: Api<Pod> = Api::namespaced(admin.clone(), namespace);
-    api.delete_collection(
-        &kube::api::DeleteParams::default().grace_period(0),
-        &kube::api::ListParams::default(),
-    )
-    .await
-    .with_context(|| format!("deleting the pods of {namespace}"))?;
+    // Deleting tens of thousands of pods can outlast the API server's request timeout, which
+    // then closes the connection; what was deleted stays deleted, so the rest is asked again.
+    for attempt in 1.. {
+        match api
+            .delete_collection(
+                &kube::api::DeleteParams::default().grace_period(0),
+                &kube::api::ListParams::default(),
+            )
+            .await
+        {
+            Ok(_) => break,
+            Err(e) if attempt < 10 => {
+                progress(format_args!("deleting the pods of {namespace} again ({e})"))
+            }
+            Err(e) => {
+                return Err(e).with_context(|| format!("deleting the pods of {namespace}"));
+            }
+        }
+    }
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         let left = api

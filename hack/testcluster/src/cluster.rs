@@ -189,37 +189,32 @@ impl Cluster {
     }
 
     /// Every request the API server has completed so far (needs [`ClusterOptions::audit`]).
+    ///
+    /// The API server rotates its log every 100 MB (lumberjack's default, which
+    /// `--audit-log-maxsize=0` keeps), leaving `audit-<timestamp>.log` beside `audit.log`:
+    /// those are read first, oldest first (the timestamps sort as text), so a long benchmark
+    /// counts every request, not those of the last 100 MB.
     pub fn audit(&self) -> Vec<AuditRecord> {
-        let text = std::fs::read_to_string(self.dir.path().join("audit.log")).unwrap_or_default();
-        text.lines()
-            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-            .filter_map(|e| {
-                let obj = e.get("objectRef")?;
-                let s = |v: &serde_json::Value, k: &str| {
-                    v.get(k).and_then(|x| x.as_str()).map(str::to_owned)
-                };
-                Some(AuditRecord {
-                    verb: s(&e, "verb")?,
-                    user: e
-                        .get("user")
-                        .and_then(|u| s(u, "username"))
-                        .unwrap_or_default(),
-                    group: s(obj, "apiGroup").unwrap_or_default(),
-                    resource: s(obj, "resource").unwrap_or_default(),
-                    subresource: s(obj, "subresource"),
-                    namespace: s(obj, "namespace"),
-                    name: s(obj, "name"),
-                    code: e
-                        .get("responseStatus")
-                        .and_then(|r| r.get("code"))
-                        .and_then(|c| c.as_u64())
-                        .unwrap_or(0) as u16,
-                })
+        let mut rotated: Vec<std::path::PathBuf> = std::fs::read_dir(self.dir.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("audit-") && n.ends_with(".log"))
             })
+            .collect();
+        rotated.sort();
+        rotated.push(self.dir.path().join("audit.log"));
+        rotated
+            .iter()
+            .flat_map(|p| audit_records(&std::fs::read_to_string(p).unwrap_or_default()))
             .collect()
     }
 
-    /// The last lines of the control plane's logs, for failure messages.
+    /// The last lines of the control plane's logs, for failure messages.    /// The last lines of the control plane's logs, for failure messages.
     pub fn logs(&self) -> String {
         let mut s = tail(&self.dir.path().join("cluster.log"));
         for name in ["kube-scheduler.log", "kube-controller-manager.log"] {
@@ -247,6 +242,36 @@ pub(crate) async fn client_from(path: &Path) -> kube::Client {
         .await
         .unwrap_or_else(|e| panic!("kubeconfig {}: {e}", path.display()));
     kube::Client::try_from(config).expect("client")
+}
+
+/// The audit records in `text`, one JSON object per line; lines of another shape are skipped.
+fn audit_records(text: &str) -> Vec<AuditRecord> {
+    text.lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter_map(|e| {
+            let obj = e.get("objectRef")?;
+            let s = |v: &serde_json::Value, k: &str| {
+                v.get(k).and_then(|x| x.as_str()).map(str::to_owned)
+            };
+            Some(AuditRecord {
+                verb: s(&e, "verb")?,
+                user: e
+                    .get("user")
+                    .and_then(|u| s(u, "username"))
+                    .unwrap_or_default(),
+                group: s(obj, "apiGroup").unwrap_or_default(),
+                resource: s(obj, "resource").unwrap_or_default(),
+                subresource: s(obj, "subresource"),
+                namespace: s(obj, "namespace"),
+                name: s(obj, "name"),
+                code: e
+                    .get("responseStatus")
+                    .and_then(|r| r.get("code"))
+                    .and_then(|c| c.as_u64())
+                    .unwrap_or(0) as u16,
+            })
+        })
+        .collect()
 }
 
 /// The last 60 lines of a log file.
