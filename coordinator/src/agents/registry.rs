@@ -419,19 +419,31 @@ impl AgentRegistry {
     /// its snapshot when it differs from the last one; nodes missing from `pods` get an
     /// empty one (their pods are all gone).
     pub fn publish_node_pods(&self, pods: BTreeMap<String, pb::NodePods>) {
-        self.publish(pods, true);
+        self.publish(pods, &BTreeSet::new(), true);
     }
 
     /// Publishes the pods of the nodes in `changed` only (each node's complete list, empty
     /// when its pods all left), after one complete [`AgentRegistry::publish_node_pods`]:
     /// the other nodes' snapshots stay as they are, but for their announcements, which are
     /// kept up to date on every call. What a large cluster's pod cache publishes on each
-    /// change, instead of every node's pods.
-    pub fn publish_changed_node_pods(&self, changed: BTreeMap<String, pb::NodePods>) {
-        self.publish(changed, false);
+    /// change, instead of every node's pods. `ended`: pods the cache showed finished or gone
+    /// since the last call, whose announcements end although no list may have shown them
+    /// (bound and failed between two calls); otherwise the agent would take a later pod of
+    /// the same shape for one that no longer runs.
+    pub fn publish_changed_node_pods(
+        &self,
+        changed: BTreeMap<String, pb::NodePods>,
+        ended: &BTreeSet<String>,
+    ) {
+        self.publish(changed, ended, false);
     }
 
-    fn publish(&self, mut pods: BTreeMap<String, pb::NodePods>, complete: bool) {
+    fn publish(
+        &self,
+        mut pods: BTreeMap<String, pb::NodePods>,
+        ended: &BTreeSet<String>,
+        complete: bool,
+    ) {
         {
             let mut announced = self.inner.announced.lock();
             let mut bases = self.inner.bases.lock();
@@ -456,7 +468,10 @@ impl AgentRegistry {
                     snapshot.pods.iter().map(|p| p.uid.as_str()).collect();
                 let mut add = Vec::new();
                 by_uid.retain(|uid, (pod, at)| {
-                    if listed.contains(uid.as_str()) || at.elapsed() > ANNOUNCED_FOR {
+                    if listed.contains(uid.as_str())
+                        || ended.contains(uid)
+                        || at.elapsed() > ANNOUNCED_FOR
+                    {
                         return false;
                     }
                     add.push(pod.clone());

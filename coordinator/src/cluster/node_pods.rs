@@ -105,6 +105,9 @@ pub struct Tracker {
     seen: HashMap<String, (Option<String>, Option<String>)>,
     /// Per node, its pods by uid (the order `NodePods` lists them in).
     nodes: BTreeMap<String, BTreeMap<String, pb::BoundPod>>,
+    /// Pods seen finished or gone since [`Tracker::take_ended`]: their announcements end
+    /// even if no snapshot ever listed them (bound and failed between two updates).
+    ended: BTreeSet<String>,
 }
 
 impl Tracker {
@@ -120,6 +123,9 @@ impl Tracker {
             }
             let old_node = before.and_then(|(_, node)| node.clone());
             let now = bound_pod(pod);
+            if now.is_none() && is_finished(pod) {
+                self.ended.insert(uid.clone());
+            }
             let same = match (&old_node, &now) {
                 (Some(old), Some((node, bound))) => {
                     old == node && self.nodes.get(old).and_then(|m| m.get(uid)) == Some(bound)
@@ -147,10 +153,12 @@ impl Tracker {
             }
         }
         let nodes = &mut self.nodes;
+        let ended = &mut self.ended;
         self.seen.retain(|uid, (_, node)| {
             if store.pods.contains_key(uid) {
                 return true;
             }
+            ended.insert(uid.clone());
             if let Some(node) = node.take() {
                 if let Some(m) = nodes.get_mut(&node) {
                     m.remove(uid);
@@ -174,6 +182,11 @@ impl Tracker {
             })
             .collect()
     }
+
+    /// The pods seen finished or gone since the last call.
+    pub fn take_ended(&mut self) -> BTreeSet<String> {
+        std::mem::take(&mut self.ended)
+    }
 }
 
 /// Publishes the nodes' pods into `registry` whenever the cache changes, from the moment it
@@ -188,6 +201,7 @@ pub async fn publish(cache: Cache, registry: AgentRegistry, mut shutdown: watch:
     let mut tracker = Tracker::default();
     changes.borrow_and_update();
     registry.publish_node_pods(cache.read(|store| tracker.update(store)));
+    tracker.take_ended();
     loop {
         tokio::select! {
             changed = changes.changed() => if changed.is_err() { return },
@@ -195,7 +209,8 @@ pub async fn publish(cache: Cache, registry: AgentRegistry, mut shutdown: watch:
         }
         tokio::time::sleep(SETTLE).await;
         changes.borrow_and_update();
-        registry.publish_changed_node_pods(cache.read(|store| tracker.update(store)));
+        let changed = cache.read(|store| tracker.update(store));
+        registry.publish_changed_node_pods(changed, &tracker.take_ended());
     }
 }
 
@@ -323,6 +338,7 @@ mod tests {
         put(&mut store, "a", "n1", "2", "Succeeded");
         let changed = tracker.update(&store);
         assert_eq!(changed.keys().collect::<Vec<_>>(), ["n1", "n2", "n3"]);
+        assert_eq!(tracker.take_ended(), BTreeSet::from(["a".to_owned()]));
         assert!(changed["n1"].pods.is_empty(), "n1's pod finished");
         assert!(changed["n2"].pods[0].started);
         assert_eq!(names(&changed["n3"]), ["c"]);
@@ -330,6 +346,7 @@ mod tests {
         // Deleted from the cache: its node is told.
         store.pods.remove("c");
         let changed = tracker.update(&store);
+        assert_eq!(tracker.take_ended(), BTreeSet::from(["c".to_owned()]));
         assert_eq!(changed.keys().collect::<Vec<_>>(), ["n3"]);
         assert!(changed["n3"].pods.is_empty());
         assert_eq!(
@@ -363,7 +380,10 @@ mod tests {
         assert_eq!(names(n1.borrow_and_update().as_deref().unwrap()), ["a"]);
         let mut n2 = registry.node_pods("n2");
         n2.borrow_and_update();
-        registry.publish_changed_node_pods(BTreeMap::from([("n2".to_owned(), one("c"))]));
+        registry.publish_changed_node_pods(
+            BTreeMap::from([("n2".to_owned(), one("c"))]),
+            &BTreeSet::new(),
+        );
         assert!(!n1.has_changed().unwrap(), "n1 did not change");
         assert_eq!(names(n2.borrow_and_update().as_deref().unwrap()), ["c"]);
 
@@ -372,11 +392,14 @@ mod tests {
         let late = registry.node_pods("n9");
         assert_eq!(late.borrow().as_deref(), Some(&pb::NodePods::default()));
         registry.announce_binding("n9", one("d").pods.remove(0));
-        registry.publish_changed_node_pods(BTreeMap::new());
+        registry.publish_changed_node_pods(BTreeMap::new(), &BTreeSet::new());
         assert_eq!(
             names(late.borrow().as_deref().unwrap()),
             ["d"],
             "announcements stay"
         );
+        // Bound and failed between two updates: never listed, but ended all the same.
+        registry.publish_changed_node_pods(BTreeMap::new(), &BTreeSet::from(["d".to_owned()]));
+        assert_eq!(late.borrow().as_deref(), Some(&pb::NodePods::default()));
     }
 }
