@@ -204,11 +204,8 @@ impl Coordinator {
             }));
         }
 
-        tasks.push(tokio::spawn(node_pods::publish(
-            cache.clone(),
-            registry.clone(),
-            shutdown_rx.clone(),
-        )));
+        let node_pods = node_pods::Publisher::new(cache.clone(), registry.clone());
+        tasks.push(tokio::spawn(node_pods.clone().run(shutdown_rx.clone())));
         let scheduler = scheduler::Scheduler::new(
             client,
             Arc::new(config),
@@ -216,7 +213,8 @@ impl Coordinator {
             registry.clone(),
             Arc::clone(&metrics),
             is_leader.clone(),
-        );
+        )
+        .with_node_pods(node_pods);
         let loop_task = tokio::spawn(scheduler.run(shutdown_rx));
 
         Ok(CoordinatorHandle {

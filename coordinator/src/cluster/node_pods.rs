@@ -7,9 +7,11 @@
 //! agent gives whole free GPUs to those without an assignment.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use parking_lot::Mutex;
 use tessera_proto::tessera::v1 as pb;
 use tokio::sync::watch;
 
@@ -189,28 +191,67 @@ impl Tracker {
     }
 }
 
-/// Publishes the nodes' pods into `registry` whenever the cache changes, from the moment it
-/// is complete, until `shutdown`: every node once, then the nodes whose pods changed.
-pub async fn publish(cache: Cache, registry: AgentRegistry, mut shutdown: watch::Receiver<bool>) {
-    let mut ready = cache.ready();
-    tokio::select! {
-        _ = ready.wait_for(|r| *r) => {}
-        _ = stopped(&mut shutdown) => return,
+/// Publishes the nodes' pods into the registry from the cache: [`Publisher::run`] on every
+/// change (settled for [`SETTLE`]), and [`Publisher::flush`] when the scheduler is about to
+/// announce bindings. Cheap to clone; the clones share one [`Tracker`].
+#[derive(Clone)]
+pub struct Publisher {
+    cache: Cache,
+    registry: AgentRegistry,
+    /// `None` until the first complete publish (never before the cache is complete).
+    tracker: Arc<Mutex<Option<Tracker>>>,
+}
+
+impl Publisher {
+    /// A publisher of `cache`'s pods into `registry`; nothing is published before [`Publisher::run`].
+    pub fn new(cache: Cache, registry: AgentRegistry) -> Self {
+        Self {
+            cache,
+            registry,
+            tracker: Arc::new(Mutex::new(None)),
+        }
     }
-    let mut changes = cache.changes();
-    let mut tracker = Tracker::default();
-    changes.borrow_and_update();
-    registry.publish_node_pods(cache.read(|store| tracker.update(store)));
-    tracker.take_ended();
-    loop {
+
+    /// Publishes what changed in the cache since the last publish, now. The scheduler calls
+    /// it before announcing bindings: a pod that failed or left a moment ago (what made room
+    /// for the new one) must be off the agent's list before the new pod is on it, or the
+    /// agent sees two pending pods of one shape and may answer the kubelet for the wrong one.
+    pub fn flush(&self) {
+        let mut tracker = self.tracker.lock();
+        if let Some(tracker) = tracker.as_mut() {
+            let changed = self.cache.read(|store| tracker.update(store));
+            self.registry
+                .publish_changed_node_pods(changed, &tracker.take_ended());
+        }
+    }
+
+    /// Publishes every node once the cache is complete, then the nodes whose pods changed,
+    /// until `shutdown`.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let mut ready = self.cache.ready();
         tokio::select! {
-            changed = changes.changed() => if changed.is_err() { return },
+            _ = ready.wait_for(|r| *r) => {}
             _ = stopped(&mut shutdown) => return,
         }
-        tokio::time::sleep(SETTLE).await;
+        let mut changes = self.cache.changes();
         changes.borrow_and_update();
-        let changed = cache.read(|store| tracker.update(store));
-        registry.publish_changed_node_pods(changed, &tracker.take_ended());
+        {
+            let mut tracker = Tracker::default();
+            let all = self.cache.read(|store| tracker.update(store));
+            tracker.take_ended();
+            let mut slot = self.tracker.lock();
+            self.registry.publish_node_pods(all);
+            *slot = Some(tracker);
+        }
+        loop {
+            tokio::select! {
+                changed = changes.changed() => if changed.is_err() { return },
+                _ = stopped(&mut shutdown) => return,
+            }
+            tokio::time::sleep(SETTLE).await;
+            changes.borrow_and_update();
+            self.flush();
+        }
     }
 }
 

@@ -70,6 +70,8 @@ pub struct Scheduler {
     planner: Planner,
     /// Remembers pods' translations from cycle to cycle.
     snapshots: Builder,
+    /// Flushed before bindings are announced (see [`super::node_pods::Publisher::flush`]).
+    node_pods: Option<super::node_pods::Publisher>,
     leader: watch::Receiver<bool>,
 }
 
@@ -99,12 +101,20 @@ impl Scheduler {
             term: 0,
             planner: Planner::new(config.bind_wait_timeout),
             snapshots: Builder::default(),
+            node_pods: None,
             config,
             cache,
             registry,
             metrics,
             leader,
         }
+    }
+
+    /// Publishes the agents' pod lists through `publisher` before each batch of announced
+    /// bindings.
+    pub fn with_node_pods(mut self, publisher: super::node_pods::Publisher) -> Self {
+        self.node_pods = Some(publisher);
+        self
     }
 
     /// Runs until `shutdown` turns true.
@@ -279,7 +289,11 @@ impl Scheduler {
         bound_now: &mut BTreeSet<String>,
     ) -> Vec<Write> {
         // The agents hear of the bindings before the kubelets can: an Allocate must never
-        // find its pod unknown to the agent and be mistaken for another one.
+        // find its pod unknown to the agent and be mistaken for another one. What left the
+        // nodes first (and made room) goes out before.
+        if let Some(publisher) = &self.node_pods {
+            publisher.flush();
+        }
         for t in waves.iter().flat_map(|(_, wave)| wave) {
             if let Some(pod) = store.pods.get(&t.uid) {
                 let assignment = t.assignment.to_json();

@@ -1009,16 +1009,25 @@ async fn a_leader_that_loses_its_lease_mid_gang_writes_nothing_more() {
     // While the gang's first Binding is on its way, another replica takes the Lease, and the
     // coordinator notices before that Binding is answered.
     let leadership = coordinator.leadership();
+    // Requests received when the coordinator noticed: the status and event writers run beside
+    // the loop, so what they sent while it still led may arrive after the first Binding.
+    let noticed_at = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
+    let received = proxy.request_counter();
+    let noticed = noticed_at.clone();
+    let received = Arc::new(received);
     proxy.on_nth_binding(
         1,
         Fault::Before(Arc::new(move |admin, _| {
             let mut leadership = leadership.clone();
+            let noticed = noticed.clone();
+            let received = received.clone();
             Box::pin(async move {
                 steal_lease(&admin, "tessera-test").await;
                 tokio::time::timeout(WAIT, leadership.wait_for(|leads| !leads))
                     .await
                     .expect("the coordinator noticed it lost the Lease")
                     .expect("the coordinator is running");
+                noticed.store(received(), std::sync::atomic::Ordering::SeqCst);
             })
         })),
     );
@@ -1028,11 +1037,14 @@ async fn a_leader_that_loses_its_lease_mid_gang_writes_nothing_more() {
     // Several cycles' worth of time: the deposed replica only reads.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let requests = proxy.requests();
-    let at = requests
+    let first_binding = requests
         .iter()
         .position(|(m, p)| m == http::Method::POST && p.ends_with("/binding"))
         .expect("the first Binding");
-    let writes: Vec<_> = requests[at + 1..]
+    let noticed = noticed_at.load(std::sync::atomic::Ordering::SeqCst);
+    assert_ne!(noticed, usize::MAX, "the first Binding's fault ran");
+    let at = noticed.max(first_binding + 1).min(requests.len());
+    let writes: Vec<_> = requests[at..]
         .iter()
         .filter(|(m, p)| m != http::Method::GET && !p.contains("/leases/"))
         .collect();

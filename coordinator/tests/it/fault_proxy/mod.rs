@@ -144,6 +144,12 @@ impl FaultProxy {
         self.shared.lock().requests.clone()
     }
 
+    /// A counter of the requests received so far, for use inside a fault.
+    pub(crate) fn request_counter(&self) -> impl Fn() -> usize + Send + Sync + 'static {
+        let shared = self.shared.clone();
+        move || shared.lock().requests.len()
+    }
+
     /// The pods whose Binding the proxy received, in order.
     pub(crate) fn bindings(&self) -> Vec<String> {
         self.shared.lock().bindings.clone()
