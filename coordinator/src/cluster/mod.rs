@@ -211,10 +211,10 @@ impl Coordinator {
             Arc::new(config),
             cache.clone(),
             registry.clone(),
+            node_pods,
             Arc::clone(&metrics),
             is_leader.clone(),
-        )
-        .with_node_pods(node_pods);
+        );
         let loop_task = tokio::spawn(scheduler.run(shutdown_rx));
 
         Ok(CoordinatorHandle {

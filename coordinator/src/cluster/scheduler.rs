@@ -71,17 +71,19 @@ pub struct Scheduler {
     /// Remembers pods' translations from cycle to cycle.
     snapshots: Builder,
     /// Flushed before bindings are announced (see [`super::node_pods::Publisher::flush`]).
-    node_pods: Option<super::node_pods::Publisher>,
+    node_pods: super::node_pods::Publisher,
     leader: watch::Receiver<bool>,
 }
 
 impl Scheduler {
-    /// A loop over `cache` and `registry`, writing through `client`.
+    /// A loop over `cache` and `registry`, writing through `client`; `node_pods` publishes
+    /// the agents' pod lists, flushed before each batch of announced bindings.
     pub fn new(
         client: kube::Client,
         config: Arc<CoordinatorConfig>,
         cache: Cache,
         registry: AgentRegistry,
+        node_pods: super::node_pods::Publisher,
         metrics: Arc<Metrics>,
         leader: watch::Receiver<bool>,
     ) -> Self {
@@ -101,20 +103,13 @@ impl Scheduler {
             term: 0,
             planner: Planner::new(config.bind_wait_timeout),
             snapshots: Builder::default(),
-            node_pods: None,
+            node_pods,
             config,
             cache,
             registry,
             metrics,
             leader,
         }
-    }
-
-    /// Publishes the agents' pod lists through `publisher` before each batch of announced
-    /// bindings.
-    pub fn with_node_pods(mut self, publisher: super::node_pods::Publisher) -> Self {
-        self.node_pods = Some(publisher);
-        self
     }
 
     /// Runs until `shutdown` turns true.
@@ -291,9 +286,7 @@ impl Scheduler {
         // The agents hear of the bindings before the kubelets can: an Allocate must never
         // find its pod unknown to the agent and be mistaken for another one. What left the
         // nodes first (and made room) goes out before.
-        if let Some(publisher) = &self.node_pods {
-            publisher.flush();
-        }
+        self.node_pods.flush();
         for t in waves.iter().flat_map(|(_, wave)| wave) {
             if let Some(pod) = store.pods.get(&t.uid) {
                 let assignment = t.assignment.to_json();
