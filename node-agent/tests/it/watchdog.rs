@@ -194,6 +194,18 @@ impl Node {
         }
     }
 
+    /// Waits until pod `name` has at least `count` events, and returns them all.
+    async fn wait_events(&self, name: &str, count: usize) -> Vec<(EventReason, String)> {
+        let deadline = Instant::now() + EVENTUALLY;
+        loop {
+            let events = self.events_for(name);
+            if events.len() >= count || Instant::now() >= deadline {
+                return events;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     fn events_for(&self, name: &str) -> Vec<(EventReason, String)> {
         self.events
             .events()
@@ -251,7 +263,9 @@ async fn a_pod_over_its_memory_limit_is_killed_after_the_grace_period_and_others
         "killed {dead_after:?} after going over, before the {grace:?} grace period"
     );
 
-    let events = node.events_for("a");
+    // The watchdog signals first and records the event after, so the exit can be seen
+    // a moment before the second event.
+    let events = node.wait_events("a", 2).await;
     assert_eq!(events.len(), 2, "{events:?}");
     assert_eq!(events[0].0, EventReason::GpuMemoryOverLimit);
     assert!(
