@@ -4,7 +4,8 @@
 //! storage classes that give pending pods their volumes' node affinity, each feeding one table
 //! of an incremental store keyed by uid or name.
 //!
-//! Every event bumps a change counter the scheduling loop waits on. The cache is ready once
+//! Every event bumps a change counter the scheduling loop waits on, and each pod event is
+//! noted in the readers' [`PodLog`]s. The cache is ready once
 //! every watcher finished its initial list; a custom resource whose CRD is not installed
 //! (404 on list) counts as an empty, listed table so a cluster without Topology objects is
 //! still schedulable.
@@ -26,6 +27,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::pod_log::{Changed, Logs, PodLog};
 use crate::crd::{PodGroup, Queue, Topology};
 
 /// Everything the watchers know, by key. Cloning is cheap (objects are shared).
@@ -63,6 +65,8 @@ trait Cached: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'stati
     fn key(&self) -> Option<String>;
     /// Its table.
     fn table(store: &mut Store) -> &mut BTreeMap<String, Arc<Self>>;
+    /// Whether changes to it are noted in the [`PodLog`]s (pods only).
+    const LOGGED: bool = false;
     /// Drops what the coordinator never reads (managed fields are most of a pod's size).
     fn trim(&mut self) {
         self.meta_mut().managed_fields = None;
@@ -71,6 +75,7 @@ trait Cached: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'stati
 
 impl Cached for Pod {
     const KIND: &'static str = "pods";
+    const LOGGED: bool = true;
     fn key(&self) -> Option<String> {
         self.metadata.uid.clone()
     }
@@ -200,6 +205,8 @@ const WATCHERS: usize = 11;
 
 struct Inner {
     store: RwLock<Store>,
+    /// Noted under the store's write lock, taken under its read lock.
+    pod_logs: Logs,
     changes: watch::Sender<u64>,
     ready: watch::Sender<bool>,
     listed: Mutex<[bool; WATCHERS]>,
@@ -237,6 +244,7 @@ impl Cache {
         let (ready, _) = watch::channel(false);
         let inner = Arc::new(Inner {
             store: RwLock::new(Store::default()),
+            pod_logs: Logs::default(),
             changes,
             ready,
             listed: Mutex::new([false; WATCHERS]),
@@ -268,6 +276,18 @@ impl Cache {
     /// Runs `f` on the store under the read lock (for small lookups).
     pub fn read<R>(&self, f: impl FnOnce(&Store) -> R) -> R {
         f(&self.inner.store.read())
+    }
+
+    /// A new reader's record of which pods change; its first take is [`Changed::All`].
+    pub fn pod_log(&self) -> PodLog {
+        self.inner.pod_logs.open()
+    }
+
+    /// Runs `f` on the store under the read lock with what changed in its pods since `log`
+    /// was last taken (taken now, under the same lock, so the two agree).
+    pub fn read_pod_changes<R>(&self, log: &PodLog, f: impl FnOnce(&Store, Changed) -> R) -> R {
+        let store = self.inner.store.read();
+        f(&store, log.take())
     }
 
     /// Bumped on every change to any table.
@@ -333,20 +353,34 @@ fn spawn_watcher<K: Cached>(api: Api<K>, inner: Arc<Inner>, slot: usize) -> Join
                 }
                 watcher::Event::InitDone => {
                     if let Some(map) = fresh.take() {
-                        *K::table(&mut inner.store.write()) = map;
+                        let mut store = inner.store.write();
+                        *K::table(&mut store) = map;
+                        if K::LOGGED {
+                            inner.pod_logs.relisted();
+                        }
                     }
                     inner.mark_listed(slot);
                 }
                 watcher::Event::Apply(mut obj) => {
                     obj.trim();
                     if let Some(key) = obj.key() {
-                        K::table(&mut inner.store.write()).insert(key, Arc::new(obj));
+                        let mut store = inner.store.write();
+                        if K::LOGGED {
+                            inner.pod_logs.changed(&key);
+                        }
+                        K::table(&mut store).insert(key, Arc::new(obj));
+                        drop(store);
                         inner.bump();
                     }
                 }
                 watcher::Event::Delete(obj) => {
                     if let Some(key) = obj.key() {
-                        K::table(&mut inner.store.write()).remove(&key);
+                        let mut store = inner.store.write();
+                        K::table(&mut store).remove(&key);
+                        if K::LOGGED {
+                            inner.pod_logs.changed(&key);
+                        }
+                        drop(store);
                         inner.bump();
                     }
                 }

@@ -14,6 +14,7 @@ pub mod gate;
 pub mod leader;
 pub mod node_pods;
 mod plan;
+pub mod pod_log;
 pub mod scheduler;
 pub mod snapshot;
 pub mod status;

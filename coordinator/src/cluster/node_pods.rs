@@ -16,6 +16,7 @@ use tessera_proto::tessera::v1 as pb;
 use tokio::sync::watch;
 
 use super::cache::{Cache, Store};
+use super::pod_log::{Changed, PodLog};
 use crate::agents::AgentRegistry;
 use crate::agents::stopped;
 use tessera_contract::keys;
@@ -113,62 +114,44 @@ pub struct Tracker {
 }
 
 impl Tracker {
-    /// Brings the lists up to `store` and returns the complete list of every node whose
-    /// list changed (empty for a node whose pods all left).
+    /// Brings the lists up to `store`, comparing every pod, and returns the complete list of
+    /// every node whose list changed (empty for a node whose pods all left).
     pub fn update(&mut self, store: &Store) -> BTreeMap<String, pb::NodePods> {
+        self.update_changed(store, Changed::All)
+    }
+
+    /// Like [`Tracker::update`], looking only at the pods in `changed` (from the cache's
+    /// [`super::pod_log::PodLog`]): proportional to the changes, not to the store.
+    pub fn update_changed(
+        &mut self,
+        store: &Store,
+        changed: Changed,
+    ) -> BTreeMap<String, pb::NodePods> {
         let mut dirty = BTreeSet::new();
-        for (uid, pod) in &store.pods {
-            let rv = pod.metadata.resource_version.as_ref();
-            let before = self.seen.get(uid);
-            if rv.is_some() && before.is_some_and(|(seen, _)| seen.as_ref() == rv) {
-                continue;
-            }
-            let old_node = before.and_then(|(_, node)| node.clone());
-            let now = bound_pod(pod);
-            if now.is_none() && is_finished(pod) {
-                self.ended.insert(uid.clone());
-            }
-            let same = match (&old_node, &now) {
-                (Some(old), Some((node, bound))) => {
-                    old == node && self.nodes.get(old).and_then(|m| m.get(uid)) == Some(bound)
+        match changed {
+            Changed::All => {
+                for (uid, pod) in &store.pods {
+                    self.look_at(uid, pod, &mut dirty);
                 }
-                (None, None) => true,
-                _ => false,
-            };
-            let new_node = now.as_ref().map(|(node, _)| node.clone());
-            self.seen.insert(uid.clone(), (rv.cloned(), new_node));
-            if same {
-                continue;
-            }
-            if let Some(old) = old_node {
-                if let Some(m) = self.nodes.get_mut(&old) {
-                    m.remove(uid);
+                let gone: Vec<String> = self
+                    .seen
+                    .keys()
+                    .filter(|uid| !store.pods.contains_key(*uid))
+                    .cloned()
+                    .collect();
+                for uid in gone {
+                    self.left(&uid, &mut dirty);
                 }
-                dirty.insert(old);
             }
-            if let Some((node, bound)) = now {
-                self.nodes
-                    .entry(node.clone())
-                    .or_default()
-                    .insert(uid.clone(), bound);
-                dirty.insert(node);
+            Changed::Pods(uids) => {
+                for uid in uids {
+                    match store.pods.get(&uid) {
+                        Some(pod) => self.look_at(&uid, pod, &mut dirty),
+                        None => self.left(&uid, &mut dirty),
+                    }
+                }
             }
         }
-        let nodes = &mut self.nodes;
-        let ended = &mut self.ended;
-        self.seen.retain(|uid, (_, node)| {
-            if store.pods.contains_key(uid) {
-                return true;
-            }
-            ended.insert(uid.clone());
-            if let Some(node) = node.take() {
-                if let Some(m) = nodes.get_mut(&node) {
-                    m.remove(uid);
-                }
-                dirty.insert(node);
-            }
-            false
-        });
         dirty
             .into_iter()
             .map(|node| {
@@ -185,6 +168,58 @@ impl Tracker {
             .collect()
     }
 
+    /// Describes `pod` again if its resourceVersion moved, marking the nodes it left or
+    /// joined (or whose entry for it changed) dirty.
+    fn look_at(&mut self, uid: &str, pod: &Pod, dirty: &mut BTreeSet<String>) {
+        let rv = pod.metadata.resource_version.as_ref();
+        let before = self.seen.get(uid);
+        if rv.is_some() && before.is_some_and(|(seen, _)| seen.as_ref() == rv) {
+            return;
+        }
+        let old_node = before.and_then(|(_, node)| node.clone());
+        let now = bound_pod(pod);
+        if now.is_none() && is_finished(pod) {
+            self.ended.insert(uid.to_owned());
+        }
+        let same = match (&old_node, &now) {
+            (Some(old), Some((node, bound))) => {
+                old == node && self.nodes.get(old).and_then(|m| m.get(uid)) == Some(bound)
+            }
+            (None, None) => true,
+            _ => false,
+        };
+        let new_node = now.as_ref().map(|(node, _)| node.clone());
+        self.seen.insert(uid.to_owned(), (rv.cloned(), new_node));
+        if same {
+            return;
+        }
+        if let Some(old) = old_node {
+            if let Some(m) = self.nodes.get_mut(&old) {
+                m.remove(uid);
+            }
+            dirty.insert(old);
+        }
+        if let Some((node, bound)) = now {
+            self.nodes
+                .entry(node.clone())
+                .or_default()
+                .insert(uid.to_owned(), bound);
+            dirty.insert(node);
+        }
+    }
+
+    /// Forgets a pod gone from the store; its announcement ends (also when no update saw
+    /// it: created, bound and deleted between two).
+    fn left(&mut self, uid: &str, dirty: &mut BTreeSet<String>) {
+        self.ended.insert(uid.to_owned());
+        if let Some((_, Some(node))) = self.seen.remove(uid) {
+            if let Some(m) = self.nodes.get_mut(&node) {
+                m.remove(uid);
+            }
+            dirty.insert(node);
+        }
+    }
+
     /// The pods seen finished or gone since the last call.
     pub fn take_ended(&mut self) -> BTreeSet<String> {
         std::mem::take(&mut self.ended)
@@ -198,8 +233,9 @@ impl Tracker {
 pub struct Publisher {
     cache: Cache,
     registry: AgentRegistry,
-    /// `None` until the first complete publish (never before the cache is complete).
-    tracker: Arc<Mutex<Option<Tracker>>>,
+    /// `None` until the first complete publish (never before the cache is complete); the
+    /// log says which pods changed since the tracker last looked.
+    tracker: Arc<Mutex<Option<(Tracker, PodLog)>>>,
 }
 
 impl Publisher {
@@ -218,8 +254,10 @@ impl Publisher {
     /// agent sees two pending pods of one shape and may answer the kubelet for the wrong one.
     pub fn flush(&self) {
         let mut tracker = self.tracker.lock();
-        if let Some(tracker) = tracker.as_mut() {
-            let changed = self.cache.read(|store| tracker.update(store));
+        if let Some((tracker, log)) = tracker.as_mut() {
+            let changed = self
+                .cache
+                .read_pod_changes(log, |store, pods| tracker.update_changed(store, pods));
             self.registry
                 .publish_changed_node_pods(changed, &tracker.take_ended());
         }
@@ -237,11 +275,14 @@ impl Publisher {
         changes.borrow_and_update();
         {
             let mut tracker = Tracker::default();
-            let all = self.cache.read(|store| tracker.update(store));
+            let log = self.cache.pod_log();
+            let all = self
+                .cache
+                .read_pod_changes(&log, |store, pods| tracker.update_changed(store, pods));
             tracker.take_ended();
             let mut slot = self.tracker.lock();
             self.registry.publish_node_pods(all);
-            *slot = Some(tracker);
+            *slot = Some((tracker, log));
         }
         loop {
             tokio::select! {
@@ -401,6 +442,49 @@ mod tests {
         // Whatever happened in between, the lists equal a rebuild from scratch.
         let mut fresh = Tracker::default();
         assert_eq!(fresh.update(&store), by_node(&store));
+    }
+
+    /// Random changes noted in a pod log: looking only at the noted pods gives, step by step,
+    /// what comparing every pod gives.
+    #[test]
+    fn looking_at_the_changed_pods_gives_what_comparing_every_pod_gives() {
+        use super::super::pod_log::Logs;
+        use rand::{Rng, SeedableRng};
+        for seed in 0..20 {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            let logs = Logs::default();
+            let log = logs.open();
+            let (mut every, mut changed) = (Tracker::default(), Tracker::default());
+            let mut store = Store::default();
+            for step in 0..300u32 {
+                for _ in 0..rng.random_range(1..6) {
+                    let name = format!("p{}", rng.random_range(0..40));
+                    if rng.random_bool(0.2) {
+                        store.pods.remove(&name);
+                    } else {
+                        let node = ["", "n1", "n2", "n3"][rng.random_range(0..4)];
+                        let phase = ["Pending", "Running", "Succeeded"][rng.random_range(0..3)];
+                        put(&mut store, &name, node, &step.to_string(), phase);
+                    }
+                    logs.changed(&name);
+                }
+                if rng.random_bool(0.05) {
+                    logs.relisted();
+                }
+                let want = every.update(&store);
+                assert_eq!(
+                    changed.update_changed(&store, log.take()),
+                    want,
+                    "seed {seed} step {step}"
+                );
+                let ended = every.take_ended();
+                assert!(
+                    changed.take_ended().is_superset(&ended),
+                    "seed {seed} step {step}"
+                );
+            }
+            assert_eq!(changed.nodes, every.nodes);
+        }
     }
 
     #[test]
