@@ -125,11 +125,6 @@ struct Inner {
     /// snapshots until the cache shows them there, or [`ANNOUNCED_FOR`] passed (the
     /// Binding failed and the cache never will).
     announced: Mutex<BTreeMap<String, Announced>>,
-    /// Per node with pods, its list as the pod cache last gave it (without announcements):
-    /// what a node left out of a [`AgentRegistry::publish_changed_node_pods`] still has.
-    /// Kept apart from the cells because a cell's list mixes in announcements, some since
-    /// withdrawn.
-    bases: Mutex<BTreeMap<String, pb::NodePods>>,
     /// Whether a complete snapshot was published: from then on a node without a cell has
     /// no pods (every publish makes a cell for each node it names).
     pods_published: std::sync::atomic::AtomicBool,
@@ -174,7 +169,6 @@ impl AgentRegistry {
                 nodes: Mutex::new(BTreeMap::new()),
                 pods: Mutex::new(BTreeMap::new()),
                 announced: Mutex::new(BTreeMap::new()),
-                bases: Mutex::new(BTreeMap::new()),
                 pods_published: std::sync::atomic::AtomicBool::new(false),
                 changes,
                 next_session: Mutex::new(0),
@@ -444,49 +438,67 @@ impl AgentRegistry {
         ended: &BTreeSet<String>,
         complete: bool,
     ) {
-        {
-            let mut announced = self.inner.announced.lock();
-            let mut bases = self.inner.bases.lock();
-            if complete {
-                bases.clear();
-            }
-            for (node, list) in &pods {
-                if list.pods.is_empty() {
-                    bases.remove(node);
-                } else {
-                    bases.insert(node.clone(), list.clone());
+        // Held until the cells are updated: an announcement made meanwhile then either is in
+        // the lists sent here or reaches its cell after them, never under them.
+        let mut announced = self.inner.announced.lock();
+        // Per node left out of a partial publish: the announcements that end, to take out of
+        // its cell. (Its cell is its last list plus the announcements standing since, and
+        // an announcement still standing after a publish is not in its node's list: once
+        // listed it ends there.)
+        let mut ending: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (node, by_uid) in announced.iter_mut() {
+            let over =
+                |uid: &String, at: &Instant| ended.contains(uid) || at.elapsed() > ANNOUNCED_FOR;
+            let list = if complete {
+                Some(pods.entry(node.clone()).or_default())
+            } else {
+                pods.get_mut(node)
+            };
+            match list {
+                Some(list) => {
+                    let listed: std::collections::HashSet<&str> =
+                        list.pods.iter().map(|p| p.uid.as_str()).collect();
+                    let mut add = Vec::new();
+                    by_uid.retain(|uid, (pod, at)| {
+                        if listed.contains(uid.as_str()) || over(uid, at) {
+                            return false;
+                        }
+                        add.push(pod.clone());
+                        true
+                    });
+                    list.pods.extend(add);
                 }
-            }
-            for (node, by_uid) in announced.iter_mut() {
-                if !complete && !pods.contains_key(node) {
-                    // Unchanged, but an announcement may have expired or landed: the node's
-                    // list is its base with the announcements still standing.
-                    pods.insert(node.clone(), bases.get(node).cloned().unwrap_or_default());
-                }
-                let snapshot = pods.entry(node.clone()).or_default();
-                let listed: std::collections::HashSet<&str> =
-                    snapshot.pods.iter().map(|p| p.uid.as_str()).collect();
-                let mut add = Vec::new();
-                by_uid.retain(|uid, (pod, at)| {
-                    if listed.contains(uid.as_str())
-                        || ended.contains(uid)
-                        || at.elapsed() > ANNOUNCED_FOR
-                    {
+                None => by_uid.retain(|uid, (_, at)| {
+                    if over(uid, at) {
+                        ending.entry(node.clone()).or_default().push(uid.clone());
                         return false;
                     }
-                    add.push(pod.clone());
                     true
-                });
-                snapshot.pods.extend(add);
+                }),
             }
-            announced.retain(|_, by_uid| !by_uid.is_empty());
         }
         let mut cells = self.inner.pods.lock();
         for (node, cell) in cells.iter() {
             let next = match pods.remove(node) {
                 Some(next) => next,
                 None if complete => pb::NodePods::default(),
-                None => continue,
+                None => {
+                    if let Some(uids) = ending.get(node) {
+                        cell.send_if_modified(|current| {
+                            let Some(snapshot) = current else {
+                                return false;
+                            };
+                            let mut next = (**snapshot).clone();
+                            next.pods.retain(|p| !uids.contains(&p.uid));
+                            let changed = next.pods.len() != snapshot.pods.len();
+                            if changed {
+                                *current = Some(Arc::new(next));
+                            }
+                            changed
+                        });
+                    }
+                    continue;
+                }
             };
             cell.send_if_modified(|current| {
                 if current.as_deref() == Some(&next) {
@@ -500,6 +512,7 @@ impl AgentRegistry {
             let (cell, _) = watch::channel(Some(Arc::new(next)));
             cells.insert(node, cell);
         }
+        announced.retain(|_, by_uid| !by_uid.is_empty());
         if complete {
             self.inner
                 .pods_published

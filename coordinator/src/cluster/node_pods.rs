@@ -526,5 +526,37 @@ mod tests {
         // Bound and failed between two updates: never listed, but ended all the same.
         registry.publish_changed_node_pods(BTreeMap::new(), &BTreeSet::from(["d".to_owned()]));
         assert_eq!(late.borrow().as_deref(), Some(&pb::NodePods::default()));
+
+        // On a node with pods, left out of later publishes: announcements come and go
+        // around its list, which stays.
+        let pod = |name: &str| one(name).pods.remove(0);
+        registry.announce_binding("n2", pod("e"));
+        registry.announce_binding("n2", pod("f"));
+        registry.withdraw_binding("n2", "f");
+        assert_eq!(
+            names(n2.borrow_and_update().as_deref().unwrap()),
+            ["c", "e"]
+        );
+        registry.publish_changed_node_pods(BTreeMap::new(), &BTreeSet::new());
+        assert_eq!(
+            names(n2.borrow_and_update().as_deref().unwrap()),
+            ["c", "e"],
+            "a withdrawn announcement does not come back"
+        );
+        registry.publish_changed_node_pods(BTreeMap::new(), &BTreeSet::from(["e".to_owned()]));
+        assert_eq!(names(n2.borrow_and_update().as_deref().unwrap()), ["c"]);
+        // Landed: listed, its announcement ends, and later ends of others leave it.
+        registry.announce_binding("n2", pod("g"));
+        let mut landed = one("c");
+        landed.pods.push(pod("g"));
+        registry.publish_changed_node_pods(
+            BTreeMap::from([("n2".to_owned(), landed)]),
+            &BTreeSet::new(),
+        );
+        registry.publish_changed_node_pods(BTreeMap::new(), &BTreeSet::from(["x".to_owned()]));
+        assert_eq!(
+            names(n2.borrow_and_update().as_deref().unwrap()),
+            ["c", "g"]
+        );
     }
 }
