@@ -84,8 +84,10 @@ fn describe(pod: &Pod, node: &str) -> Option<(String, pb::BoundPod)> {
     ))
 }
 
-/// Every node's GPU pods, by node name (pods in uid order within a node).
-pub fn by_node(store: &Store) -> BTreeMap<String, pb::NodePods> {
+/// Every node's GPU pods, by node name (pods in uid order within a node), built from
+/// scratch: the reference the [`Tracker`] is tested against.
+#[cfg(test)]
+fn by_node(store: &Store) -> BTreeMap<String, pb::NodePods> {
     let mut out: BTreeMap<String, pb::NodePods> = BTreeMap::new();
     for pod in store.pods.values() {
         if let Some((node, bound)) = bound_pod(pod) {

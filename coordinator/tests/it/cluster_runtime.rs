@@ -1012,9 +1012,8 @@ async fn a_leader_that_loses_its_lease_mid_gang_writes_nothing_more() {
     // Requests received when the coordinator noticed: the status and event writers run beside
     // the loop, so what they sent while it still led may arrive after the first Binding.
     let noticed_at = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
-    let received = proxy.request_counter();
+    let received = Arc::new(proxy.request_counter());
     let noticed = noticed_at.clone();
-    let received = Arc::new(received);
     proxy.on_nth_binding(
         1,
         Fault::Before(Arc::new(move |admin, _| {

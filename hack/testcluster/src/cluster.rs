@@ -214,7 +214,7 @@ impl Cluster {
             .collect()
     }
 
-    /// The last lines of the control plane's logs, for failure messages.    /// The last lines of the control plane's logs, for failure messages.
+    /// The last lines of the control plane's logs, for failure messages.
     pub fn logs(&self) -> String {
         let mut s = tail(&self.dir.path().join("cluster.log"));
         for name in ["kube-scheduler.log", "kube-controller-manager.log"] {
