@@ -5,7 +5,7 @@
 use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::keys::{GPU_FRACTION, GPU_RESOURCE};
+use crate::keys::{ASSIGNED_AT, ASSIGNMENT, GPU_FRACTION, GPU_RESOURCE};
 
 /// A container's `nvidia.com/gpu` quantity that is not a whole number of GPUs. The message
 /// leaves out the field, which the caller names ([`SpecContainer::gpu_field`]).
@@ -111,6 +111,37 @@ pub fn is_finished(pod: &Pod) -> bool {
     )
 }
 
+/// The `tessera.dev/assignment` text of a pod bound through Tessera's Binding: read only from a
+/// bound pod that also carries `tessera.dev/assigned-at`, which the coordinator writes in the
+/// same Binding and nothing else writes (the admission policy refuses both keys from anyone
+/// but Tessera). A pod created already bound (`spec.nodeName`) with an assignment of its own
+/// making has none, and is treated as any other scheduler's pod.
+pub fn bound_assignment(pod: &Pod) -> Option<&str> {
+    let bound = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .is_some_and(|n| !n.is_empty());
+    let annotations = pod.metadata.annotations.as_ref()?;
+    annotations.get(ASSIGNED_AT)?;
+    annotations
+        .get(ASSIGNMENT)
+        .map(String::as_str)
+        .filter(|_| bound)
+}
+
+/// Why the kubelet refuses a pod whose device allocation failed (the device manager's or the
+/// topology manager's `Allocate` error): the pod's `status.reason` then.
+pub const ADMISSION_ERROR_REASON: &str = "UnexpectedAdmissionError";
+
+/// Whether the node refused `pod` at admission because allocating its devices failed: the
+/// kubelet marks it `Failed` with reason [`ADMISSION_ERROR_REASON`].
+pub fn refused_at_admission(pod: &Pod) -> bool {
+    pod.status.as_ref().is_some_and(|s| {
+        s.phase.as_deref() == Some("Failed") && s.reason.as_deref() == Some(ADMISSION_ERROR_REASON)
+    })
+}
+
 /// Whether some container of `pod` (init containers included) has started, or it runs:
 /// the kubelet allocates every container's devices at admission, before any starts, so a
 /// started pod's allocations are over.
@@ -198,5 +229,28 @@ mod tests {
         assert!(!is_finished(&pod(
             serde_json::json!({"status": {"phase": "Running"}})
         )));
+    }
+
+    #[test]
+    fn an_assignment_counts_only_on_a_pod_bound_with_its_binding_time() {
+        let bound = |annotations: serde_json::Value, node: &str| {
+            pod(
+                serde_json::json!({"metadata": {"annotations": annotations}, "spec": {"nodeName": node, "containers": []}}),
+            )
+        };
+        let both = serde_json::json!({ASSIGNMENT: "{}", ASSIGNED_AT: "2026-01-01T00:00:00Z"});
+        assert_eq!(bound_assignment(&bound(both.clone(), "n")), Some("{}"));
+        // Made by its creator (no binding time), or not bound: none.
+        assert_eq!(
+            bound_assignment(&bound(serde_json::json!({ASSIGNMENT: "{}"}), "n")),
+            None
+        );
+        assert_eq!(bound_assignment(&bound(both, "")), None);
+        let refused = pod(
+            serde_json::json!({"status": {"phase": "Failed", "reason": ADMISSION_ERROR_REASON}}),
+        );
+        assert!(refused_at_admission(&refused));
+        let evicted = pod(serde_json::json!({"status": {"phase": "Failed", "reason": "Evicted"}}));
+        assert!(!refused_at_admission(&evicted));
     }
 }

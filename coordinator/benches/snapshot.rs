@@ -99,6 +99,7 @@ fn agents() -> Vec<AgentNode> {
                 occupancy: Default::default(),
                 health_reasons: Default::default(),
                 allocated_pods: Default::default(),
+                occupancy_reports: 0,
                 connected: true,
                 last_seen: Instant::now(),
             }

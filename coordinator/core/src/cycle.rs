@@ -10,7 +10,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::actions::Engine;
-use crate::model::{Assignment, Resource, Snapshot};
+use crate::model::{Assignment, Fence, Resource, Snapshot};
 use crate::placement::ScoreWeights;
 use crate::placement::frag::ShapeMix;
 
@@ -230,8 +230,12 @@ pub enum NodeReason {
     InsufficientCpu,
     /// Not enough memory.
     InsufficientMemory,
+    /// Fewer GPUs (of the pod's MIG mode) than the pod asks for, healthy or not.
+    TooFewGpus,
     /// Too few healthy GPUs.
     TooFewHealthyGpus,
+    /// Enough GPUs only counting fenced ones (the node's account of them is not settled).
+    GpusFenced(Fence),
     /// Too few completely free GPUs.
     InsufficientWholeGpus,
     /// No (or too few) GPUs with enough free compute share.
@@ -297,7 +301,17 @@ impl fmt::Display for NodeReason {
             NodeReason::GpuModel => "GPU model not accepted",
             NodeReason::InsufficientCpu => "insufficient CPU",
             NodeReason::InsufficientMemory => "insufficient memory",
+            NodeReason::TooFewGpus => "fewer GPUs than the pod requests",
             NodeReason::TooFewHealthyGpus => "too few healthy GPUs",
+            NodeReason::GpusFenced(Fence::Unreported) => {
+                "GPUs another scheduler's pod may hold (not yet reported by the node's agent)"
+            }
+            NodeReason::GpusFenced(Fence::HeldByUnknownPod) => {
+                "GPUs still held by a departed pod (not yet released by the node's agent)"
+            }
+            NodeReason::GpusFenced(Fence::Refused) => {
+                "GPUs the node refused at admission (until its agent reports them free)"
+            }
             NodeReason::InsufficientWholeGpus => "too few free whole GPUs",
             NodeReason::InsufficientGpuShare => "insufficient free GPU share on any single GPU",
             NodeReason::InsufficientGpuMemory => "insufficient GPU memory on any single GPU",

@@ -461,6 +461,7 @@ impl<'a> FillEngine<'a> {
                     mem_free: 0,
                     mem_total: 0,
                     healthy: true,
+                    fence: None,
                     mig: false,
                     island: None,
                     holders: u32::from(f < GPU_MILLI),

@@ -124,7 +124,9 @@ fn describe(r: &EvictionReason) -> String {
     match r {
         EvictionReason::Reclaim { by_queue } => format!("reclaim by queue {by_queue}"),
         EvictionReason::Preempt { by_pod } => format!("preempted by pod {by_pod}"),
-        EvictionReason::Consolidate { moved_to } => format!("consolidate, moved to {moved_to}"),
+        EvictionReason::Consolidate { moved_to } => {
+            format!("consolidate, recreated (a new copy fits on {moved_to})")
+        }
         EvictionReason::GangBelowMinMember => "gang below minMember past the grace period".into(),
     }
 }

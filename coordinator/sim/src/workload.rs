@@ -356,7 +356,9 @@ impl Workload {
                 });
                 let pods = (0..j.replicas)
                     .map(|p| {
+                        // The replay recreates what is evicted, as the job's controller would.
                         let mut pod = Pod::new(&format!("{name}-{p}"), &j.queue)
+                            .controlled_by(&format!("Job {name}"))
                             .cpu(j.cpu_milli, j.memory_mib)
                             .priority(j.priority)
                             .created(arrival);

@@ -33,6 +33,9 @@ pub struct AgentNode {
     /// kubelet has every device of theirs, so another pod with a request of the same size
     /// can no longer be mistaken for them.
     pub allocated_pods: BTreeSet<String>,
+    /// Occupancy reports received from this node's agents, changed or not: what is decided
+    /// from "the agent's next report" waits until this count moves past the decision's.
+    pub occupancy_reports: u64,
     /// A stream from this node's agent is open now.
     pub connected: bool,
     /// When the agent last sent anything (heartbeats included).
@@ -248,12 +251,16 @@ impl AgentRegistry {
                 occupancy: BTreeMap::new(),
                 health_reasons: BTreeMap::new(),
                 allocated_pods: BTreeSet::new(),
+                occupancy_reports: 0,
                 connected: true,
                 last_seen: Instant::now(),
             };
             // Health is not part of the inventory; keep what we knew until the agent's
             // first occupancy snapshot says otherwise.
             if let Some(prev) = previous {
+                // Counted per node, not per stream: a wait for "the next report" survives a
+                // reconnect.
+                view.occupancy_reports = prev.view.occupancy_reports;
                 carry_health(&prev.view, &mut view);
             }
             nodes.insert(
@@ -316,6 +323,7 @@ impl AgentRegistry {
         let mut unknown = None;
         let changed = self.with_current(session, |e| {
             e.view.last_seen = Instant::now();
+            e.view.occupancy_reports += 1;
             let mut changed = false;
             for o in &occupancy.gpus {
                 let Some(gpu) = e.view.gpus.iter_mut().find(|g| g.uuid == o.gpu_uuid) else {
@@ -719,6 +727,7 @@ pub fn gpus_from_inventory(inv: &pb::NodeInventory) -> Result<Vec<Gpu>, Inventor
             nvlink_island: None,
             healthy: true,
             mig,
+            fence: None,
         });
     }
     let links = inv

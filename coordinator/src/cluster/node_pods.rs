@@ -20,8 +20,9 @@ use super::pod_log::{Changed, PodLog};
 use crate::agents::AgentRegistry;
 use crate::agents::stopped;
 use tessera_contract::keys;
-use tessera_contract::keys::ASSIGNMENT as ASSIGNMENT_ANNOTATION;
-use tessera_contract::pod::{allocation_order, container_gpus, has_started, is_finished};
+use tessera_contract::pod::{
+    allocation_order, bound_assignment, container_gpus, has_started, is_finished,
+};
 
 /// `pod` as its agent will see it once bound to `node` with `assignment` (JSON), for the
 /// announcement made right before the Binding is sent.
@@ -76,7 +77,9 @@ fn describe(pod: &Pod, node: &str) -> Option<(String, pb::BoundPod)> {
                 .as_ref()
                 .map_or(0, |t| t.0.as_millisecond()),
             containers,
-            assignment: annotation(ASSIGNMENT_ANNOTATION),
+            // Only what Tessera's Binding wrote: the agent gives a pod without one whole free
+            // GPUs and reports which, as for any other scheduler's pod.
+            assignment: bound_assignment(pod).unwrap_or_default().to_owned(),
             isolation: annotation(keys::ISOLATION),
             terminating: meta.deletion_timestamp.is_some(),
             started: has_started(pod),
@@ -312,7 +315,7 @@ mod tests {
         let gpu = |name: &str, node: &str, phase: &str| {
             pod(serde_json::json!({
                 "metadata": {"name": name, "namespace": "ml", "uid": format!("u-{name}"),
-                             "annotations": {ASSIGNMENT_ANNOTATION: "{}", keys::ISOLATION: "mps"},
+                             "annotations": {keys::ASSIGNMENT: "{}", keys::ASSIGNED_AT: "2026-01-01T00:00:02Z", keys::ISOLATION: "mps"},
                              "creationTimestamp": "2026-01-01T00:00:01Z"},
                 "spec": {"nodeName": node,
                          "initContainers": [{"name": "warm", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
@@ -350,6 +353,15 @@ mod tests {
         assert_eq!(a.created_unix_ms, 1_767_225_601_000);
         assert!(!a.started && !a.terminating);
         assert!(out["n2"].pods[0].started);
+
+        // An assignment the pod was created with, without Tessera's binding time, is not
+        // passed on: the agent treats the pod as any other scheduler's.
+        let mut forged = (*gpu("e", "n3", "Pending")).clone();
+        if let Some(a) = forged.metadata.annotations.as_mut() {
+            a.remove(keys::ASSIGNED_AT);
+        }
+        store.pods.insert("6".into(), Arc::new(forged));
+        assert_eq!(by_node(&store)["n3"].pods[0].assignment, "");
     }
 
     #[test]

@@ -45,6 +45,7 @@ use super::cache::{Cache, Store};
 use super::events::EventWriter;
 use super::gate;
 use super::plan::{Eviction, Now, Planner, Rollback, Write};
+use super::refusals::Refusals;
 use super::snapshot::{BuildContext, Builder};
 use super::status::StatusWriter;
 use super::status_queue::{StatusJob, StatusQueue};
@@ -72,6 +73,10 @@ pub struct Scheduler {
     snapshots: Builder,
     /// Flushed before bindings are announced (see [`super::node_pods::Publisher::flush`]).
     node_pods: super::node_pods::Publisher,
+    /// GPUs the nodes refused at admission, and which pods' refusals are already noted.
+    refusals: Refusals,
+    /// Which pods changed since the refusals last looked.
+    refusal_log: super::pod_log::PodLog,
     leader: watch::Receiver<bool>,
 }
 
@@ -104,6 +109,8 @@ impl Scheduler {
             planner: Planner::new(config.bind_wait_timeout),
             snapshots: Builder::default(),
             node_pods,
+            refusals: Refusals::default(),
+            refusal_log: cache.pod_log(),
             config,
             cache,
             registry,
@@ -172,7 +179,18 @@ impl Scheduler {
         let agents = self.registry.all();
         self.metrics
             .set_agents_connected(self.registry.connected_count());
-        let overlay = self.planner.overlay(&store);
+        let ask = self
+            .cache
+            .read_pod_changes(&self.refusal_log, |store, changed| {
+                self.refusals.observe(store, changed, &agents)
+            });
+        for node in ask {
+            self.registry
+                .request_resync(&node, "a pod was refused at admission");
+        }
+        self.refusals.settle(&agents);
+        let mut overlay = self.planner.overlay(&store);
+        overlay.refused = self.refusals.active().clone();
         let at = now();
         let mut translated = self.snapshots.build(
             &store,

@@ -12,17 +12,20 @@
 //!   assume cache, so the next cycle does not place it twice.
 //! - **evictions in flight**: a pod this replica evicted but still in the cache is terminating
 //!   (holds its resources, is never a victim again).
-//! - **agent occupancy**: a bound pod without an assignment (another scheduler's) holds the
-//!   GPUs the agent reports it on; the core would otherwise assume the lowest-index free GPUs,
-//!   while the agent picks by NVLink topology.
+//! - **what the agents and nodes say of the GPUs** ([`super::occupancy`]): an assignment
+//!   that does not fit its node's inventory is ignored; a bound pod without one (another
+//!   scheduler's) holds the GPUs its agent reports it on; GPUs whose account is not settled
+//!   (a pod's GPUs not reported yet, a departed pod's share not released yet, an assignment
+//!   the node refused) are fenced: they take nothing new until the agent's report settles them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use super::cache::Store;
+use super::refusals::Refusal;
 use crate::agents::AgentNode;
 use crate::translate::{self, Inputs, Translated};
-use tessera_core::model::{Assignment, ContainerAssignment, GpuSlice, Placement, Pod};
+use tessera_core::model::Placement;
 
 /// What this replica knows beyond the cache.
 #[derive(Clone, Debug, Default)]
@@ -33,6 +36,8 @@ pub struct Overlay {
     pub evicting: BTreeSet<String>,
     /// Per (namespace, group): since when (Unix seconds) it has run fewer than minMember pods.
     pub below_min_member_since: BTreeMap<(String, String), u64>,
+    /// GPUs their nodes refused at admission, still waiting for their agent's report.
+    pub refused: BTreeMap<(String, String), Refusal>,
 }
 
 /// The fixed inputs of a build.
@@ -127,7 +132,6 @@ fn build_with(
         Some(memo) => translate::snapshot_with(&inputs, memo),
         None => translate::snapshot(&inputs),
     };
-    let by_node: BTreeMap<&str, &AgentNode> = agents.iter().map(|a| (a.node.as_str(), a)).collect();
     for pod in &mut out.snapshot.pods {
         if pod.placement.is_none()
             && let Some(p) = overlay.assumed.get(&pod.uid)
@@ -137,110 +141,7 @@ fn build_with(
         if overlay.evicting.contains(&pod.uid) {
             pod.terminating = true;
         }
-        fill_from_occupancy(pod, &by_node);
     }
+    super::occupancy::join(&mut out, agents, &overlay.refused);
     out
-}
-
-/// Gives a bound pod without an assignment the GPUs its node's agent reports it holding.
-fn fill_from_occupancy(pod: &mut Pod, agents: &BTreeMap<&str, &AgentNode>) {
-    if pod.gpu.count == 0 {
-        return;
-    }
-    let Some(placement) = pod.placement.as_mut() else {
-        return;
-    };
-    if placement.assignment.slices().next().is_some() {
-        return;
-    }
-    let Some(agent) = agents.get(placement.node.as_str()) else {
-        return;
-    };
-    let mut per_container: BTreeMap<String, Vec<GpuSlice>> = BTreeMap::new();
-    for gpu in &agent.gpus {
-        let Some(occ) = agent.occupancy.get(&gpu.uuid) else {
-            continue;
-        };
-        for share in occ.shares.iter().filter(|s| s.pod_uid == pod.uid) {
-            // The agent hands pods without an assignment whole GPUs.
-            per_container
-                .entry(share.container.clone())
-                .or_default()
-                .push(GpuSlice {
-                    uuid: gpu.uuid.clone(),
-                    memory_mib: gpu.memory_mib,
-                    compute_milli: 1000,
-                });
-        }
-    }
-    if per_container.is_empty() {
-        return;
-    }
-    placement.assignment = Assignment {
-        containers: per_container
-            .into_iter()
-            .map(|(container, mut gpus)| {
-                gpus.dedup_by(|a, b| a.uuid == b.uuid);
-                ContainerAssignment { container, gpus }
-            })
-            .collect(),
-    };
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::agents::{GpuOccupancy, ShareInfo};
-    use tessera_core::model::Gpu;
-
-    fn agent() -> AgentNode {
-        let mut occupancy = BTreeMap::new();
-        occupancy.insert(
-            "GPU-n-2".to_owned(),
-            GpuOccupancy {
-                healthy: true,
-                shares: vec![ShareInfo {
-                    pod_uid: "u1".into(),
-                    container: "main".into(),
-                    ..ShareInfo::default()
-                }],
-                ..GpuOccupancy::default()
-            },
-        );
-        AgentNode {
-            node: "n".into(),
-            agent_version: "t".into(),
-            protocol_version: 1,
-            gpus: (0..4).map(|i| Gpu::new("n", i, "A100", 81920)).collect(),
-            shares_per_gpu: 10,
-            occupancy,
-            health_reasons: BTreeMap::new(),
-            allocated_pods: Default::default(),
-            connected: true,
-            last_seen: Instant::now(),
-        }
-    }
-
-    #[test]
-    fn foreign_pod_gets_the_gpus_the_agent_reports() {
-        let a = agent();
-        let agents: BTreeMap<&str, &AgentNode> = [("n", &a)].into_iter().collect();
-        let mut pod = Pod::new("u1", "default").gpus(1).on_node("n");
-        fill_from_occupancy(&mut pod, &agents);
-        let slices: Vec<_> = pod
-            .placement
-            .unwrap()
-            .assignment
-            .slices()
-            .cloned()
-            .collect();
-        assert_eq!(slices.len(), 1);
-        assert_eq!(slices[0].uuid, "GPU-n-2");
-        assert_eq!(slices[0].compute_milli, 1000);
-
-        // Not reported: left to the core's default.
-        let mut other = Pod::new("u2", "default").gpus(1).on_node("n");
-        fill_from_occupancy(&mut other, &agents);
-        assert!(other.placement.unwrap().assignment.containers.is_empty());
-    }
 }

@@ -24,13 +24,17 @@ use serde_json::json;
 use super::agent_gap::AgentGap;
 use super::cache::Store;
 use super::events::{self, EventKind, EventWriter};
+use super::occupancy;
 use crate::crd::validate::{self, Problem};
 use crate::crd::{
     Condition, PodGroup, PodGroupStatus, Queue, QueueStatus, ResourceAmounts, Topology,
     TopologyStatus,
 };
 use crate::translate::Translated;
-use tessera_core::cycle::{Decisions, Reason};
+use tessera_core::cycle::{Decisions, NodeReason, Reason};
+
+/// How many fenced GPUs (or nodes) of one kind a pending pod's message names.
+const FENCE_NOTES_SHOWN: usize = 3;
 
 /// `PodScheduled` condition reason for a pod that cannot be placed.
 pub const UNSCHEDULABLE: &str = "Unschedulable";
@@ -153,11 +157,20 @@ impl StatusWriter {
             }
             if let Some(pod) = store.pods.get(&p.pod) {
                 // The core cannot see agents that report nothing: a GPU pod's message says so.
-                let message = if asks_gpus.contains(p.pod.as_str()) {
+                let mut message = if asks_gpus.contains(p.pod.as_str()) {
                     gap.explain(&p.message)
                 } else {
                     p.message.clone()
                 };
+                // Fenced GPUs are named: the node and what it waits for.
+                let fenced = p.reasons.iter().filter_map(|(r, _)| match r {
+                    Reason::Node(NodeReason::GpusFenced(f)) => Some(*f),
+                    _ => None,
+                });
+                let notes = occupancy::notes_for(&translated.gpu_fences, fenced, FENCE_NOTES_SHOWN);
+                if !notes.is_empty() {
+                    message = format!("{message}; {}", notes.join("; "));
+                }
                 let gated = p
                     .reasons
                     .iter()

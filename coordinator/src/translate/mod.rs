@@ -30,7 +30,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use crate::crd::validate::{self, Problem};
 use crate::crd::{PodGroup as PodGroupCrd, Queue as QueueCrd, Topology};
 use tessera_contract::keys;
-use tessera_core::model::{Gpu, InputError, Queue, Snapshot};
+use tessera_core::model::{Fence, Gpu, InputError, Queue, Snapshot};
 
 pub use group::{GroupContext, groups};
 pub use pod::{GroupSource, PodContext, TranslatedPod};
@@ -94,6 +94,10 @@ pub struct Translated {
     pub topology_problems: BTreeMap<String, Vec<Problem>>,
     /// Per pod UID: problems that do not stop scheduling (e.g. an unreadable assignment).
     pub pod_warnings: BTreeMap<String, Vec<InputError>>,
+    /// Why GPUs are fenced, per kind of fence, one line per GPU or pod (filled by the
+    /// cluster's join of the agents' reports, not by translation): what a pending pod told
+    /// "GPUs … not yet reported" is told in particular.
+    pub gpu_fences: BTreeMap<Fence, Vec<String>>,
 }
 
 /// The pod context `inputs` imply: priority classes by name, the global default priority.
@@ -314,5 +318,6 @@ fn assemble(inputs: &Inputs<'_>, mut memo: Option<&mut PodMemo>) -> Translated {
         group_problems,
         topology_problems,
         pod_warnings,
+        gpu_fences: BTreeMap::new(),
     }
 }

@@ -15,7 +15,7 @@ use tessera_core::model::{
 
 use super::{constraints, requests};
 use tessera_contract::keys;
-use tessera_contract::pod::{container_gpus, gpu_quantity};
+use tessera_contract::pod::{bound_assignment, container_gpus, gpu_quantity};
 
 /// What pod translation needs besides the pod.
 #[derive(Clone, Debug, Default)]
@@ -230,10 +230,23 @@ pub fn translate(pod: &KubePod, ctx: &PodContext) -> Option<TranslatedPod> {
     let topology_preferred = level(keys::TOPOLOGY_PREFERRED, &mut errors);
 
     let placement = node.map(|node| {
-        let assignment = match lookup(annotations, &[keys::ASSIGNMENT]) {
+        // Only an assignment Tessera's Binding wrote counts: one the pod was created with (or
+        // another scheduler's pod carries) is not a decision, and the pod is accounted by what
+        // its agent reports, as any other scheduler's.
+        let written = bound_assignment(pod).filter(|_| ours);
+        if ours && written.is_none() && lookup(annotations, &[keys::ASSIGNMENT]).is_some() {
+            warnings.push(err(
+                keys::ASSIGNMENT,
+                format!(
+                    "ignored: not written by Tessera's Binding (no {}); the pod counts as holding what its node's agent reports",
+                    keys::ASSIGNED_AT
+                ),
+            ));
+        }
+        let assignment = match written {
             None => Assignment::default(),
             // Each GPU once: containers reusing an init container's GPU name it again.
-            Some((_, text)) => Assignment::from_json(text)
+            Some(text) => Assignment::from_json(text)
                 .map(|a| super::containers::merged(&a))
                 .unwrap_or_else(|e| {
                     warnings.push(err(
@@ -282,6 +295,7 @@ pub fn translate(pod: &KubePod, ctx: &PodContext) -> Option<TranslatedPod> {
         created,
         terminating: meta.deletion_timestamp.is_some(),
         owned_by_other_scheduler: !ours,
+        controller: controller_of(pod),
         // Other schedulers' pods are never validated: they are only counted.
         input_errors: if ours { errors } else { Vec::new() },
         constraints,
@@ -294,6 +308,18 @@ pub fn translate(pod: &KubePod, ctx: &PodContext) -> Option<TranslatedPod> {
         topology_preferred,
         warnings,
     })
+}
+
+/// What recreates `pod` when it is evicted: its controller owner reference as `Kind name`
+/// (`ReplicaSet web-5d8f`, `Job train`); `None` for a bare pod, and for a static pod's mirror
+/// (owned by its Node), which an eviction does not bring back either.
+fn controller_of(pod: &KubePod) -> Option<String> {
+    pod.metadata
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind != "Node")
+        .map(|o| format!("{} {}", o.kind, o.name))
 }
 
 /// The group name a source implies: the annotation's name, or `<kind>-<name>` of the owner in

@@ -1080,3 +1080,135 @@ async fn steal_lease(admin: &kube::Client, name: &str) {
         }
     }
 }
+
+/// A report from `agent` that GPU `uuid` of node `node` holds `holders` (pod uid, name).
+fn report(env: &Env, agent: &Session, node: &str, gpus: u32, holders: &[(u32, &str, &str)]) {
+    let occupancy = pb::Occupancy {
+        gpus: (0..gpus)
+            .map(|i| pb::GpuOccupancy {
+                gpu_uuid: format!("GPU-{node}-{i}"),
+                health: pb::Health::Healthy as i32,
+                shares: holders
+                    .iter()
+                    .filter(|(g, _, _)| *g == i)
+                    .map(|(_, uid, name)| pb::Share {
+                        pod_uid: (*uid).to_owned(),
+                        pod_namespace: "default".into(),
+                        pod_name: (*name).to_owned(),
+                        container: "main".into(),
+                        ..pb::Share::default()
+                    })
+                    .collect(),
+                ..pb::GpuOccupancy::default()
+            })
+            .collect(),
+        ..pb::Occupancy::default()
+    };
+    env.registry.set_occupancy(agent, &occupancy).unwrap();
+}
+
+/// The scenario of the coexistence loop, made deterministic: a pod of another scheduler is
+/// bound first and its agent has not yet said which GPU it took; Tessera's pod must then not
+/// be given any GPU that may be that one. Once the report comes, it gets the other one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_pods_gpus_are_not_handed_out_before_its_agent_reports_them() {
+    let mut env = env().await;
+    let agent = env.node("n1", 2).await;
+    // Another scheduler's pod, already on n1 (the kubelet admits it against the slots).
+    env.create_pod_with(
+        "foreign",
+        1,
+        json!({}),
+        json!({}),
+        json!({"schedulerName": "default-scheduler", "nodeName": "n1"}),
+    )
+    .await;
+    let foreign = env.get("foreign").await.unwrap();
+    let coordinator = env.start("c1").await;
+    env.create_pod("ours", 1, json!({}), json!({})).await;
+    let message = eventually("ours told its node's GPUs are not reported yet", || async {
+        unschedulable_message(&env.get("ours").await?).filter(|m| m.contains("not yet reported"))
+    })
+    .await;
+    assert!(
+        message.contains("n1: its agent has not yet reported which GPUs default/foreign holds"),
+        "{message}"
+    );
+    assert!(node_of(&env.get("ours").await.unwrap()).is_none());
+    // The agent took GPU 1 for it (the lowest-index guess would have been GPU 0).
+    report(
+        &env,
+        &agent,
+        "n1",
+        2,
+        &[(1, foreign.metadata.uid.as_deref().unwrap(), "foreign")],
+    );
+    let ours = bound(&env, "ours").await;
+    let gpus: Vec<String> = assignment_of(&ours)
+        .unwrap()
+        .slices()
+        .map(|s| s.uuid.clone())
+        .collect();
+    assert_eq!(gpus, ["GPU-n1-0"]);
+    coordinator.shutdown().await;
+    drop(env);
+}
+
+/// A pod the node refused at admission on its assignment: its replacement is not given the
+/// same GPU again until the agent, in a later report, shows the GPU free, and its condition
+/// says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_the_node_refused_is_not_assigned_again_until_its_agent_reports_it_free() {
+    let mut env = env().await;
+    let agent = env.node("n1", 1).await;
+    // No kubelet runs n1's pods from here on: this test plays the kubelet's refusal.
+    env.nodes[0].stop();
+    report(&env, &agent, "n1", 1, &[]);
+    let coordinator = env.start("c1").await;
+    env.create_pod("web-1", 1, json!({}), json!({})).await;
+    let first = bound(&env, "web-1").await;
+    let uuid = assignment_of(&first)
+        .unwrap()
+        .slices()
+        .next()
+        .unwrap()
+        .uuid
+        .clone();
+    assert_eq!(uuid, "GPU-n1-0");
+    // What the kubelet writes when the device plugin refuses the allocation.
+    let refusal = json!({"status": {"phase": "Failed", "reason": "UnexpectedAdmissionError",
+        "message": format!("Allocate failed due to rpc error: code = Unknown desc = assignment would overcommit GPU {uuid}, which is unexpected")}});
+    env.pods()
+        .patch_status("web-1", &PatchParams::default(), &Patch::Merge(&refusal))
+        .await
+        .unwrap();
+    // The ReplicaSet's replacement, as it would come at once.
+    env.create_pod("web-2", 1, json!({}), json!({})).await;
+    let message = eventually("web-2 told the node refused the GPU", || async {
+        unschedulable_message(&env.get("web-2").await?).filter(|m| m.contains("refused"))
+    })
+    .await;
+    assert!(
+        message.contains("n1 refused GPU-n1-0 for default/web-1 at admission")
+            && message.contains("would overcommit"),
+        "{message}"
+    );
+    // A later report that still shows the GPU held keeps it fenced.
+    report(&env, &agent, "n1", 1, &[(0, "u-stale", "stale")]);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(node_of(&env.get("web-2").await.unwrap()).is_none());
+    // Free in a later report: assigned again.
+    report(&env, &agent, "n1", 1, &[]);
+    let second = bound(&env, "web-2").await;
+    assert_eq!(
+        assignment_of(&second)
+            .unwrap()
+            .slices()
+            .next()
+            .unwrap()
+            .uuid,
+        "GPU-n1-0"
+    );
+    coordinator.shutdown().await;
+    drop(env);
+}

@@ -490,23 +490,43 @@ fn requests_sum_containers_with_init_max_and_overhead() {
 fn placement_terminating_and_other_schedulers() {
     let assignment = json!({"containers": [{"container": "main",
         "gpus": [{"uuid": "GPU-1", "memory_mib": 40960, "compute_milli": 500}]}]});
-    let p: KubePod = serde_json::from_value(json!({
-        "metadata": {"name": "p", "deletionTimestamp": "2026-01-01T00:00:00Z",
-                     "annotations": {"tessera.dev/assignment": assignment.to_string()}},
-        "spec": {"schedulerName": "tessera", "nodeName": "n1", "containers": [{"name": "main"}]},
-        "status": {"phase": "Running"},
-    }))
-    .unwrap();
+    let bound_with = |annotations: serde_json::Value| -> KubePod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "deletionTimestamp": "2026-01-01T00:00:00Z",
+                         "annotations": annotations},
+            "spec": {"schedulerName": "tessera", "nodeName": "n1", "containers": [{"name": "main"}]},
+            "status": {"phase": "Running"},
+        }))
+        .unwrap()
+    };
+    let p = bound_with(json!({"tessera.dev/assignment": assignment.to_string(),
+        "tessera.dev/assigned-at": "2026-01-01T00:00:00Z"}));
     let t = run(&p);
     let placement = t.pod.placement.clone().expect("bound");
     assert_eq!(placement.node, "n1");
-    let want: Assignment = serde_json::from_value(assignment).unwrap();
+    let want: Assignment = serde_json::from_value(assignment.clone()).unwrap();
     assert_eq!(placement.assignment, want);
     assert!(t.pod.terminating);
 
+    // The same assignment without the Binding's own timestamp was not written by Tessera's
+    // Binding (the pod was created with it): ignored, with a warning naming the key.
+    let t = run(&bound_with(
+        json!({"tessera.dev/assignment": assignment.to_string()}),
+    ));
+    assert_eq!(t.pod.placement.unwrap().assignment, Assignment::default());
+    assert_eq!(t.warnings[0].field, keys::ASSIGNMENT);
+    assert!(
+        t.warnings[0]
+            .message
+            .contains("not written by Tessera's Binding"),
+        "{:?}",
+        t.warnings
+    );
+
     // An unreadable assignment on a bound pod is a warning, not a scheduling error.
     let p: KubePod = serde_json::from_value(json!({
-        "metadata": {"name": "p", "annotations": {"tessera.dev/assignment": "{oops"}},
+        "metadata": {"name": "p", "annotations": {"tessera.dev/assignment": "{oops",
+            "tessera.dev/assigned-at": "2026-01-01T00:00:00Z"}},
         "spec": {"schedulerName": "tessera", "nodeName": "n1", "containers": [{"name": "main"}]},
     }))
     .unwrap();

@@ -172,7 +172,8 @@ impl State {
     }
 
     /// The GPU slices a bound pod holds: from its assignment, or, without one, the GPUs the
-    /// agent would hand out (lowest-index fitting ones).
+    /// agent would hand out (lowest-index fitting ones; the cluster fences the node's idle
+    /// GPUs while it cannot say which, so the guess never decides a placement).
     fn existing_slices(&self, ctx: &Ctx, p: u32, n: u32) -> Vec<(u32, u32, u64)> {
         let pod = &ctx.snap.pods[p as usize];
         let node = &ctx.snap.nodes[n as usize];
@@ -185,7 +186,15 @@ impl State {
         if !out.is_empty() || pod.gpu.count == 0 {
             return out;
         }
-        let cap = &self.nodes[n as usize];
+        // A fenced GPU takes nothing new, but the pod whose unreported GPUs fenced it may well
+        // hold it: the pod is charged on fenced GPUs as readily as on open ones.
+        let mut cap = NodeCapacity {
+            schedulable: true,
+            ..self.nodes[n as usize].clone()
+        };
+        for g in &mut cap.gpus {
+            g.healthy |= g.fence.is_some();
+        }
         let share = if pod.owned_by_other_scheduler {
             GpuShare::Whole
         } else {
@@ -199,15 +208,7 @@ impl State {
             use_fragmentation: false,
             ..ScoreWeights::default()
         };
-        if let Ok(c) = place_on_node(
-            &NodeCapacity {
-                schedulable: true,
-                ..cap.clone()
-            },
-            &d,
-            &ShapeMix::default(),
-            &quiet,
-        ) {
+        if let Ok(c) = place_on_node(&cap, &d, &ShapeMix::default(), &quiet) {
             return c.gpus;
         }
         // Reality over-commits the node (e.g. a GPU went away): charge the lowest GPUs anyway.

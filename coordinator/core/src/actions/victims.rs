@@ -67,6 +67,15 @@ impl Engine<'_> {
         if set.iter().any(|&v| !self.victim_static_ok(p, v)) {
             return false;
         }
+        // A move is an eviction plus a new copy from the pod's controller: a bare pod would
+        // simply be gone.
+        if mode == Mode::Consolidate
+            && set
+                .iter()
+                .any(|&v| self.ctx.snap.pods[v as usize].controller.is_none())
+        {
+            return false;
+        }
         let allowed = match mode {
             Mode::Allocate => false,
             Mode::Preempt(q, prio, _) => set.iter().all(|&v| {

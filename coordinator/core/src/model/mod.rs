@@ -18,7 +18,7 @@ pub use constraints::{
     SpreadConstraint, Taint, TaintEffect, Toleration, TolerationOp, WeightedPodTerm,
 };
 pub use group::PodGroup;
-pub use node::{Gpu, MigInstance, Node};
+pub use node::{Fence, Gpu, MigInstance, Node};
 pub use pod::{
     Assignment, ContainerAssignment, GpuRequest, GpuShare, GpuSlice, InputError, Isolation,
     Placement, Pod,

@@ -23,6 +23,27 @@ pub struct Gpu {
     pub healthy: bool,
     /// MIG instances when the GPU is in MIG mode; such a GPU only hosts `isolation: mig` pods.
     pub mig: Option<Vec<MigInstance>>,
+    /// Set while a healthy GPU must take nothing new because the node's own account of it is
+    /// not settled yet (see [`Fence`]); pods already on it keep it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence: Option<Fence>,
+}
+
+/// Why a healthy GPU takes nothing new for now. The cluster layer sets these from what the
+/// node's agent reports and what the node refused; the core only keeps new pods off the GPU
+/// and says why in explanations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Fence {
+    /// A pod bound to the node without a Tessera assignment (another scheduler's) holds GPUs
+    /// the agent has not reported yet, and this idle GPU may be one of them: the agent hands
+    /// such pods whole free GPUs of its own choosing.
+    Unreported,
+    /// The agent reports the GPU held by a pod the API server no longer shows on the node (the
+    /// agent has not released it yet).
+    HeldByUnknownPod,
+    /// The node refused a pod assigned this GPU at admission; fenced until the agent reports the
+    /// GPU free again, so the refused decision is not repeated blindly.
+    Refused,
 }
 
 /// One MIG instance of a GPU in MIG mode.
@@ -48,6 +69,7 @@ impl Gpu {
             nvlink_island: None,
             healthy: true,
             mig: None,
+            fence: None,
         }
     }
 }

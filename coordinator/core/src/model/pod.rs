@@ -97,6 +97,11 @@ pub struct Pod {
     pub terminating: bool,
     /// Scheduled by another scheduler: consumes capacity, is never moved or evicted.
     pub owned_by_other_scheduler: bool,
+    /// What recreates the pod once it is evicted (`ReplicaSet web-5d8f`: its controller owner
+    /// reference); `None` for a bare pod, which nothing recreates and which is therefore never
+    /// evicted to be "moved" (consolidation), only reclaimed or preempted, and told so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub controller: Option<String>,
     /// Malformed inputs found while reading the pod.
     pub input_errors: Vec<InputError>,
     /// Taints tolerated, affinities, spread, ports, extended resources, gates.
@@ -128,6 +133,7 @@ impl Pod {
             created: 0,
             terminating: false,
             owned_by_other_scheduler: false,
+            controller: None,
             input_errors: Vec::new(),
             constraints: PodConstraints::default(),
         }
@@ -164,6 +170,13 @@ impl Pod {
     pub fn cpu(mut self, cpu_milli: u64, memory_mib: u64) -> Pod {
         self.cpu_milli = cpu_milli;
         self.memory_mib = memory_mib;
+        self
+    }
+
+    /// Gives the pod a controller that recreates it when evicted (`kind name`, e.g.
+    /// `ReplicaSet web`).
+    pub fn controlled_by(mut self, controller: &str) -> Pod {
+        self.controller = Some(controller.to_string());
         self
     }
 

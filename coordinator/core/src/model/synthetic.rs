@@ -101,6 +101,7 @@ pub fn synthetic(spec: &SyntheticSpec) -> Snapshot {
             s.groups.push(g);
             for k in 0..size {
                 let pod = Pod::new(&format!("{name}-{k}"), &queue)
+                    .controlled_by(&format!("Job {name}"))
                     .gpus(per)
                     .cpu(8_000, 65_536)
                     .group(&name)
@@ -112,7 +113,11 @@ pub fn synthetic(spec: &SyntheticSpec) -> Snapshot {
             continue;
         }
         let uid = format!("pod-{made:06}");
-        let pod = Pod::new(&uid, &queue).priority(prio).created(made as u64);
+        // Every generated pod comes from a workload controller, which recreates it if evicted.
+        let pod = Pod::new(&uid, &queue)
+            .controlled_by(&format!("ReplicaSet {uid}"))
+            .priority(prio)
+            .created(made as u64);
         let pod = if roll < 0.50 {
             pod.fraction(50 * rng.random_range(2..=18))
                 .cpu(2_000, 8_192)

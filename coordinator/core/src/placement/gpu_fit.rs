@@ -21,7 +21,7 @@ use super::frag::{
     ModelSet, NodeView, ShapeMix, TaskShape, fgd_score, fragmentation, tessera_preference,
 };
 use super::nvlink::{breaks_free_island, pick_set};
-use crate::model::{Assignment, ContainerAssignment, GpuShare, GpuSlice, Node};
+use crate::model::{Assignment, ContainerAssignment, Fence, GpuShare, GpuSlice, Node};
 
 /// Whole GPU in milli-GPU.
 pub const GPU_MILLI: u32 = 1000;
@@ -38,8 +38,11 @@ pub struct GpuFree {
     pub mem_free: u64,
     /// Device memory in MiB.
     pub mem_total: u64,
-    /// Healthy GPUs only take new pods.
+    /// Only these GPUs take new pods: healthy and not fenced.
     pub healthy: bool,
+    /// Why a healthy GPU takes nothing new for now (then `healthy` is false): kept apart from
+    /// unhealthy GPUs so that a pending pod is told the real cause.
+    pub fence: Option<Fence>,
     /// In MIG mode: only `isolation: mig` pods.
     pub mig: bool,
     /// NVLink island.
@@ -56,6 +59,7 @@ impl GpuFree {
             mem_free: mem_total,
             mem_total,
             healthy: true,
+            fence: None,
             mig: false,
             island,
             holders: 0,
@@ -110,7 +114,8 @@ impl NodeCapacity {
                 .gpus
                 .iter()
                 .map(|g| GpuFree {
-                    healthy: g.healthy,
+                    healthy: g.healthy && g.fence.is_none(),
+                    fence: g.fence.filter(|_| g.healthy),
                     mig: g.mig.is_some(),
                     ..GpuFree::idle(g.memory_mib, g.nvlink_island)
                 })
@@ -228,8 +233,12 @@ pub enum Misfit {
     Cpu,
     /// Not enough free memory.
     Memory,
+    /// The node has fewer GPUs (of the right MIG mode) than the pod asks for, healthy or not.
+    TooFewGpus,
     /// Not enough healthy GPUs (of the right MIG mode) at all.
     HealthyGpus,
+    /// Enough GPUs only if fenced ones counted: the node's account of them is not settled.
+    Fenced(Fence),
     /// Fewer than the wanted number of completely free GPUs.
     WholeGpus,
     /// No (or too few) GPUs with enough free compute share.
@@ -305,7 +314,7 @@ pub fn check_fit(node: &NodeCapacity, d: &PodDemand) -> Result<(), Misfit> {
         .filter(|g| g.healthy && g.mig == d.mig)
         .count();
     if usable < need {
-        return Err(Misfit::HealthyGpus);
+        return Err(short_of_gpus(node, d, need, |_| true));
     }
     if d.whole() {
         let idle = node
@@ -316,7 +325,10 @@ pub fn check_fit(node: &NodeCapacity, d: &PodDemand) -> Result<(), Misfit> {
         return if idle >= need {
             Ok(())
         } else {
-            Err(Misfit::WholeGpus)
+            Err(match short_of_gpus(node, d, need, GpuFree::is_idle) {
+                Misfit::Fenced(f) => Misfit::Fenced(f),
+                _ => Misfit::WholeGpus,
+            })
         };
     }
     let (mut share_ok, mut both_ok) = (0, 0);
@@ -331,10 +343,38 @@ pub fn check_fit(node: &NodeCapacity, d: &PodDemand) -> Result<(), Misfit> {
     }
     if both_ok >= need {
         Ok(())
+    } else if let Misfit::Fenced(f) = short_of_gpus(node, d, need, |g| {
+        let (c, m) = demand_on_gpu(d.share, g.mem_total);
+        g.compute_free >= c && g.mem_free >= m
+    }) {
+        Err(Misfit::Fenced(f))
     } else if share_ok < need {
         Err(Misfit::GpuShare)
     } else {
         Err(Misfit::GpuMemory)
+    }
+}
+
+/// Why a node has fewer than `need` usable GPUs (of the pod's MIG mode) on which `room` holds:
+/// too few GPUs at all, or enough once fenced GPUs count (then the first fence's kind), or
+/// else too few healthy ones.
+fn short_of_gpus(
+    node: &NodeCapacity,
+    d: &PodDemand,
+    need: usize,
+    room: impl Fn(&GpuFree) -> bool,
+) -> Misfit {
+    let mode = node.gpus.iter().filter(|g| g.mig == d.mig);
+    if mode.clone().count() < need {
+        return Misfit::TooFewGpus;
+    }
+    let open = mode
+        .clone()
+        .filter(|g| (g.healthy || g.fence.is_some()) && room(g))
+        .count();
+    match mode.filter_map(|g| g.fence).next() {
+        Some(f) if open >= need => Misfit::Fenced(f),
+        _ => Misfit::HealthyGpus,
     }
 }
 
@@ -557,6 +597,41 @@ mod tests {
     }
 
     #[test]
+    fn a_misfit_names_too_few_gpus_and_fenced_ones_apart_from_unhealthy_ones() {
+        let whole = |count| PodDemand {
+            share: GpuShare::Whole,
+            gpu_count: count,
+            ..frac(1)
+        };
+        let mut n = node(&[1000, 1000, 500]);
+        assert_eq!(check_fit(&n, &whole(4)), Err(Misfit::TooFewGpus));
+        n.gpus[0].healthy = false;
+        assert_eq!(check_fit(&n, &whole(3)), Err(Misfit::HealthyGpus));
+        // Fenced: healthy, but its account is not settled: said so, whole or fraction.
+        n.gpus[0].fence = Some(Fence::Unreported);
+        assert_eq!(
+            check_fit(&n, &whole(2)),
+            Err(Misfit::Fenced(Fence::Unreported))
+        );
+        n.gpus[1].healthy = false;
+        n.gpus[1].fence = Some(Fence::Refused);
+        assert_eq!(
+            check_fit(&n, &frac(600)),
+            Err(Misfit::Fenced(Fence::Unreported))
+        );
+        // What fits on an open GPU still fits.
+        assert_eq!(check_fit(&n, &frac(500)), Ok(()));
+        // Too little room even on the fenced ones: the usual reason.
+        assert_eq!(
+            check_fit(&n, &whole(1)),
+            Err(Misfit::Fenced(Fence::Unreported))
+        );
+        n.gpus[0].compute_free = 100;
+        n.gpus[1].compute_free = 100;
+        assert_eq!(check_fit(&n, &frac(600)), Err(Misfit::GpuShare));
+    }
+
+    #[test]
     fn memory_request_checks_memory() {
         let n = node(&[1000]);
         let d = PodDemand {
@@ -585,7 +660,7 @@ mod tests {
             ..frac(1)
         };
         assert_eq!(check_fit(&node(&[1000, 999]), &d), Err(Misfit::WholeGpus));
-        assert_eq!(check_fit(&node(&[1000]), &d), Err(Misfit::HealthyGpus));
+        assert_eq!(check_fit(&node(&[1000]), &d), Err(Misfit::TooFewGpus));
         let d = PodDemand {
             cpu_milli: 100_000,
             ..frac(1)

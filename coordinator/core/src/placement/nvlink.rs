@@ -84,10 +84,8 @@ mod tests {
                 compute_free: if i { 1000 } else { 0 },
                 mem_free: if i { 1000 } else { 0 },
                 mem_total: 1000,
-                healthy: true,
-                mig: false,
-                island,
                 holders: u32::from(!i),
+                ..GpuFree::idle(1000, island)
             })
             .collect()
     }

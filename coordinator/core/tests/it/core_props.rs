@@ -109,6 +109,10 @@ fn build(nodes: &[(u32, bool)], limits: &[i32], specs: &[PodSpec], mins: &[u32])
         .priority(p.prio)
         .preemptible(p.preemptible)
         .created(i as u64);
+        // Half the pods have a controller (consolidation may move them), half are bare.
+        if i % 2 == 0 {
+            pod = pod.controlled_by(&format!("ReplicaSet r{i}"));
+        }
         pod.gpu = gpu;
         if let Some(g) = p.group {
             pod = pod.group(&format!("g{g}"));
@@ -168,6 +172,10 @@ fn check_cycle(before: &Snapshot, d: &Decisions) -> Result<Snapshot, TestCaseErr
         prop_assert!(p.placement.is_some());
         if !matches!(e.reason, EvictionReason::GangBelowMinMember) {
             prop_assert!(p.preemptible, "non-preemptible {} evicted", p.uid);
+        }
+        // A move needs something to recreate the pod: a bare pod is never consolidated.
+        if matches!(e.reason, EvictionReason::Consolidate { .. }) {
+            prop_assert!(p.controller.is_some(), "bare pod {} consolidated", p.uid);
         }
     }
     let mut after = before.clone();

@@ -253,9 +253,15 @@ fn preempt_inside_a_queue_by_priority() {
 #[test]
 fn consolidate_moves_fractions_to_free_a_node() {
     // | n1 2 GPUs: 0.5 on GPU0 | n2 2 GPUs: 0.5 on GPU1 | a 2-GPU pod needs a whole node.
+    let fraction = |uid: &str, node: &str| {
+        Pod::new(uid, "default")
+            .controlled_by(&format!("ReplicaSet {uid}"))
+            .fraction(500)
+            .on_node(node)
+    };
     let s = cluster(&[("n1", 2), ("n2", 2)])
-        .pod(Pod::new("f1", "default").fraction(500).on_node("n1"))
-        .pod(Pod::new("f2", "default").fraction(500).on_node("n2"))
+        .pod(fraction("f1", "n1"))
+        .pod(fraction("f2", "n2"))
         .pod(Pod::new("big", "default").gpus(2).priority(50));
     let d = run(&s);
     assert_eq!(d.evictions.len(), 1, "{:?}", d.evictions);
@@ -264,6 +270,36 @@ fn consolidate_moves_fractions_to_free_a_node() {
     };
     assert_eq!(d.bindings.len(), 1);
     assert_ne!(&d.bindings[0].node, moved_to);
+}
+
+#[test]
+fn bare_pods_are_never_consolidated() {
+    // The same cluster, but one fraction has no controller: nothing would recreate it, so it is
+    // not moved, and the other one alone cannot free a node.
+    let s = cluster(&[("n1", 2), ("n2", 2)])
+        .pod(Pod::new("bare", "default").fraction(500).on_node("n1"))
+        .pod(
+            Pod::new("owned", "default")
+                .controlled_by("ReplicaSet web")
+                .fraction(500)
+                .on_node("n2"),
+        )
+        .pod(Pod::new("big", "default").gpus(2).priority(50));
+    let d = run(&s);
+    let bare_evicted = d.evictions.iter().any(|e| e.pod == "bare");
+    assert!(!bare_evicted, "{:?}", d.evictions);
+    // The controlled one is moved to free n2 for the big pod.
+    let EvictionReason::Consolidate { moved_to } = &d.evictions[0].reason else {
+        panic!("{:?}", d.evictions)
+    };
+    assert_eq!(
+        (d.evictions.len(), d.evictions[0].pod.as_str()),
+        (1, "owned")
+    );
+    assert_eq!(
+        (moved_to.as_str(), d.bindings[0].node.as_str()),
+        ("n1", "n2")
+    );
 }
 
 #[test]

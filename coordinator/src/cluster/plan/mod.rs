@@ -477,6 +477,8 @@ impl Planner {
                 .cloned()
                 .collect(),
             below_min_member_since: self.below_min_since.clone(),
+            // The scheduler adds what the nodes refused; the planner does not track it.
+            refused: BTreeMap::new(),
         }
     }
 
@@ -685,17 +687,22 @@ fn rollback_writes(members: Vec<Rollback>) -> Vec<Write> {
         .collect()
 }
 
-/// A victim's metric label and event text.
+/// A victim's metric label and event text: why, and what happens to the pod next (its
+/// controller recreates it, or nothing does).
 fn eviction_text(
     reason: &EvictionReason,
     pod: &tessera_core::model::Pod,
     by_uid: &BTreeMap<&str, &tessera_core::model::Pod>,
     gang_grace_seconds: u64,
 ) -> (&'static str, String) {
+    let next = match &pod.controller {
+        Some(c) => format!("{c} recreates it"),
+        None => "nothing recreates it (the pod has no controller)".to_owned(),
+    };
     match reason {
         EvictionReason::Reclaim { by_queue } => (
             "reclaim",
-            format!("reclaimed by queue {by_queue}, which is below its fair share"),
+            format!("reclaimed by queue {by_queue}, which is below its fair share; {next}"),
         ),
         EvictionReason::Preempt { by_pod } => {
             let by = by_uid
@@ -703,19 +710,22 @@ fn eviction_text(
                 .map_or_else(|| by_pod.clone(), |p| format!("{}/{}", p.namespace, p.name));
             (
                 "preemption",
-                format!("preempted by pod {by}, which has a higher priority in the same queue"),
+                format!(
+                    "preempted by pod {by}, which has a higher priority in the same queue; {next}"
+                ),
             )
         }
+        // The core moves only pods with a controller; a copy it recreates may land elsewhere.
         EvictionReason::Consolidate { moved_to } => (
             "consolidation",
             format!(
-                "consolidation: moved to free whole GPUs for a waiting gang (a new copy fits on node {moved_to})"
+                "consolidation: evicted to free whole GPUs for a waiting gang; {next} (a new copy fits on node {moved_to})"
             ),
         ),
         EvictionReason::GangBelowMinMember => (
             "stale-gang",
             format!(
-                "stale gang: group {} ran fewer than minMember pods for longer than {} s",
+                "stale gang: group {} ran fewer than minMember pods for longer than {} s; {next}",
                 pod.group.as_deref().unwrap_or("?"),
                 gang_grace_seconds
             ),

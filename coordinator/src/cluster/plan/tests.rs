@@ -498,6 +498,13 @@ fn a_decision_waits_for_its_victims_then_binds() {
     };
     assert_eq!(e.label, "preemption");
     assert!(e.text.contains("preempted by pod ns/p"));
+    // A bare victim is told nothing brings it back.
+    assert!(
+        e.text
+            .ends_with("nothing recreates it (the pod has no controller)"),
+        "{}",
+        e.text
+    );
     p.after_evict(e, true, now);
     let deleting = store(vec![
         kpod("p", 0, None),
