@@ -185,6 +185,8 @@ fn every_yaml_under_deploy_and_examples_parses_into_its_kind() {
         "Topology",
         "Pod",
         "Job",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ] {
         assert!(
             kinds_seen.contains(kind),
@@ -288,6 +290,75 @@ fn default_render_has_the_promised_shape() {
         9090
     );
     assert!(!docs.iter().any(|(_, d)| d["kind"] == "ServiceMonitor"));
+
+    // The protected keys' policy, bound with Deny, exempting exactly Tessera's two accounts.
+    let policy = find(&docs, "ValidatingAdmissionPolicy", "tessera-protected-keys");
+    assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+    let exemption = policy["spec"]["matchConditions"][0]["expression"]
+        .as_str()
+        .unwrap();
+    assert!(
+        exemption.contains("'system:serviceaccount:tessera-system:tessera-coordinator'")
+            && exemption.contains("'system:serviceaccount:tessera-system:tessera-agent'"),
+        "{exemption}"
+    );
+    let binding = find(
+        &docs,
+        "ValidatingAdmissionPolicyBinding",
+        "tessera-protected-keys",
+    );
+    assert_eq!(binding["spec"]["policyName"], "tessera-protected-keys");
+    assert_eq!(binding["spec"]["validationActions"], serde_json::json!(["Deny"]));
+}
+
+/// The CEL list literal `['a', 'b']` as its strings.
+fn cel_strings(list: &str) -> Vec<String> {
+    list.trim()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .split(',')
+        .map(|k| k.trim().trim_matches('\'').to_string())
+        .filter(|k| !k.is_empty())
+        .collect()
+}
+
+/// The admission policy protects exactly the contract's keys (tessera_contract::keys): the
+/// chart's lists are generated from them, and this fails when the generated template is stale
+/// or the policy reads another list.
+#[test]
+fn the_admission_policy_protects_exactly_the_contracts_keys() {
+    use tessera_contract::keys;
+    let docs = render(&[]);
+    let policy = find(&docs, "ValidatingAdmissionPolicy", "tessera-protected-keys");
+    let variable = |name: &str| -> Vec<String> {
+        let vars = policy["spec"]["variables"].as_array().unwrap();
+        let v = vars
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("no variable {name}"));
+        cel_strings(v["expression"].as_str().unwrap())
+    };
+    assert_eq!(variable("writtenByTessera"), keys::WRITTEN_BY_TESSERA);
+    assert_eq!(
+        variable("fixedAnnotations"),
+        keys::FIXED_ONCE_BOUND_ANNOTATIONS
+    );
+    assert_eq!(variable("fixedLabels"), keys::FIXED_ONCE_BOUND_LABELS);
+}
+
+#[test]
+fn the_admission_policy_can_be_turned_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let off = dir.path().join("off.yaml");
+    std::fs::write(&off, "admissionPolicy:\n  enabled: false\n").unwrap();
+    let docs = render(&[off]);
+    assert!(
+        !docs
+            .iter()
+            .any(|(_, d)| d["kind"].as_str().unwrap_or_default().starts_with("ValidatingAdmission")),
+        "no policy with admissionPolicy.enabled=false"
+    );
+    assert!(docs.iter().any(|(_, d)| d["kind"] == "Deployment"));
 }
 
 #[test]
@@ -687,6 +758,18 @@ async fn helm_install_creates_every_object_of_the_chart() {
                 .is_ok(),
             "MutatingWebhookConfiguration" => Api::<
                 k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration,
+            >::all(client.clone())
+            .get(name)
+            .await
+            .is_ok(),
+            "ValidatingAdmissionPolicy" => Api::<
+                k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy,
+            >::all(client.clone())
+            .get(name)
+            .await
+            .is_ok(),
+            "ValidatingAdmissionPolicyBinding" => Api::<
+                k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding,
             >::all(client.clone())
             .get(name)
             .await

@@ -227,9 +227,10 @@ impl Harness {
     }
 
     /// What `helm install` creates that the components need: the namespace, the CRDs
-    /// (Established before anything else), the ServiceAccounts and RBAC, the PriorityClasses
-    /// and the default Queue. The workloads (Deployment, DaemonSet) are left out: the test
-    /// runs the components itself.
+    /// (Established before anything else), the ServiceAccounts and RBAC, the PriorityClasses,
+    /// the default Queue and the admission policy that protects Tessera's keys (so the
+    /// components' own writes go through it). The workloads (Deployment, DaemonSet) are left
+    /// out: the test runs the components itself.
     async fn install(&self, docs: &[Value]) {
         self.apply(
             &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}),
@@ -256,6 +257,8 @@ impl Harness {
             "RoleBinding",
             "PriorityClass",
             "Queue",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
         ] {
             for doc in docs.iter().filter(|d| d["kind"] == kind) {
                 self.apply(doc).await;
