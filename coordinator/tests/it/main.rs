@@ -19,6 +19,7 @@ mod e2e_constraints;
 mod e2e_device_path;
 mod e2e_resilience;
 mod e2e_scheduling;
+mod e2e_tenancy;
 mod e2e_webhook;
 mod leader;
 mod ops;

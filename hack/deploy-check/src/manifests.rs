@@ -86,7 +86,10 @@ pub fn protected_keys_template() -> Generated {
          templates/admission-policy.yaml reads.\n*/ -}}\n",
     );
     for (name, list) in [
-        ("tessera.keys.writtenByTessera", &keys::WRITTEN_BY_TESSERA[..]),
+        (
+            "tessera.keys.writtenByTessera",
+            &keys::WRITTEN_BY_TESSERA[..],
+        ),
         (
             "tessera.keys.fixedOnceBoundAnnotations",
             &keys::FIXED_ONCE_BOUND_ANNOTATIONS[..],
@@ -113,12 +116,10 @@ pub fn protected_keys_template() -> Generated {
 pub fn generate(repo: &Path) -> Result<Vec<Generated>, ChartError> {
     let crds = crd_sources(repo)?;
     let mut files = vec![protected_keys_template()];
-    files.extend(crds
-        .iter()
-        .map(|(name, text)| Generated {
-            path: Path::new(CHART_DIR).join("crds").join(name),
-            content: text.clone(),
-        }));
+    files.extend(crds.iter().map(|(name, text)| Generated {
+        path: Path::new(CHART_DIR).join("crds").join(name),
+        content: text.clone(),
+    }));
 
     let mut crd_manifest = String::from(HEADER);
     crd_manifest.push_str("# Apply this file first and wait for the CRDs to be Established.\n");

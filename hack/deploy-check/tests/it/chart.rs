@@ -280,7 +280,13 @@ fn default_render_has_the_promised_shape() {
         assert_eq!(pc["value"], value);
         assert_eq!(value < 100, preemptible, "{name}");
     }
-    assert_eq!(find(&docs, "Queue", "default")["spec"]["gpu"]["quota"], 0);
+    let queue = find(&docs, "Queue", "default");
+    assert_eq!(queue["spec"]["gpu"]["quota"], 0);
+    assert!(
+        queue["spec"].get("namespaces").is_none()
+            && queue["spec"].get("namespaceSelector").is_none(),
+        "the default queue admits every namespace: {queue}"
+    );
     assert_eq!(
         find(&docs, "Service", "tessera-coordinator")["spec"]["ports"][0]["port"],
         7070
@@ -308,7 +314,10 @@ fn default_render_has_the_promised_shape() {
         "tessera-protected-keys",
     );
     assert_eq!(binding["spec"]["policyName"], "tessera-protected-keys");
-    assert_eq!(binding["spec"]["validationActions"], serde_json::json!(["Deny"]));
+    assert_eq!(
+        binding["spec"]["validationActions"],
+        serde_json::json!(["Deny"])
+    );
 }
 
 /// The CEL list literal `['a', 'b']` as its strings.
@@ -344,21 +353,6 @@ fn the_admission_policy_protects_exactly_the_contracts_keys() {
         keys::FIXED_ONCE_BOUND_ANNOTATIONS
     );
     assert_eq!(variable("fixedLabels"), keys::FIXED_ONCE_BOUND_LABELS);
-}
-
-#[test]
-fn the_admission_policy_can_be_turned_off() {
-    let dir = tempfile::tempdir().unwrap();
-    let off = dir.path().join("off.yaml");
-    std::fs::write(&off, "admissionPolicy:\n  enabled: false\n").unwrap();
-    let docs = render(&[off]);
-    assert!(
-        !docs
-            .iter()
-            .any(|(_, d)| d["kind"].as_str().unwrap_or_default().starts_with("ValidatingAdmission")),
-        "no policy with admissionPolicy.enabled=false"
-    );
-    assert!(docs.iter().any(|(_, d)| d["kind"] == "Deployment"));
 }
 
 #[test]
@@ -422,7 +416,22 @@ fn chart_renders_with_test_values() {
     );
 
     assert_eq!(find(&docs, "PriorityClass", "batch-low")["value"], 10);
-    assert_eq!(find(&docs, "Queue", "default")["spec"]["gpu"]["quota"], 4);
+    let queue = find(&docs, "Queue", "default");
+    assert_eq!(queue["spec"]["gpu"]["quota"], 4);
+    assert_eq!(
+        queue["spec"]["namespaces"],
+        serde_json::json!(["ml-research"])
+    );
+    assert_eq!(
+        queue["spec"]["namespaceSelector"]["matchExpressions"][0]["operator"],
+        "Exists"
+    );
+    assert!(
+        !docs
+            .iter()
+            .any(|(_, d)| d["kind"] == "ValidatingAdmissionPolicy"),
+        "admissionPolicy.enabled=false"
+    );
     for name in ["tessera-coordinator", "tessera-agent"] {
         let sm = find(&docs, "ServiceMonitor", name);
         assert_eq!(sm["metadata"]["labels"]["release"], "prometheus");
