@@ -21,6 +21,7 @@ mod e2e_resilience;
 mod e2e_scheduling;
 mod e2e_tenancy;
 mod e2e_webhook;
+mod fuzz_inputs;
 mod leader;
 mod ops;
 mod playground;
