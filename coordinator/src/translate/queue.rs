@@ -105,9 +105,9 @@ impl<'a> Tenancy<'a> {
         let mut current = queue;
         // A parent cycle (reported by validation) ends the walk after every queue once.
         for _ in 0..=self.queues.len() {
-            let Some(q) = self.queues.get(current) else {
-                return None;
-            };
+            // A queue without an object (the implicit default, or an unknown one the core
+            // reports) admits everyone, and so ends the walk.
+            let q = self.queues.get(current)?;
             if !admits(&q.spec, namespace, labels) {
                 let rule = describe_rule(&q.spec);
                 return Some(if current == queue {
