@@ -4,11 +4,14 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector as KubeSelector, LabelSelectorRequirement as KubeRequirement,
+};
 
 use crate::crd::quantity::{QuantityValue, Round};
 use crate::crd::{NamespaceSelector, QuantityQuota, Queue as QueueCrd, QueueSpec};
 use tessera_core::constraints::labels;
-use tessera_core::model::{LabelSelector, Queue, QueueResource, Requirement, SelectorOp};
+use tessera_core::model::{LabelSelector, Queue, QueueResource};
 
 /// Translates a Queue object. Malformed values (negative quota or weight, unreadable
 /// quantities) are reported by [`crate::crd::validate::queue`]; here they fall back to the safe
@@ -147,32 +150,29 @@ pub fn admits(spec: &QueueSpec, name: &str, labels: &BTreeMap<String, String>) -
     listed || selected
 }
 
-/// The core's form of a namespace selector; `None` (matches nothing) for an unknown operator.
+/// The core's form of a namespace selector, read as a pod's label selectors are
+/// ([`super::constraints::label_selector`]); `None` (matches nothing) where it is malformed.
+/// Its problems are `validate::queue`'s to report, so they are dropped here.
 fn model_selector(sel: &NamespaceSelector) -> Option<LabelSelector> {
-    let mut requirements: Vec<Requirement> = sel
-        .match_labels
-        .iter()
-        .map(|(k, v)| Requirement {
-            key: k.clone(),
-            operator: SelectorOp::In,
-            values: vec![v.clone()],
-        })
-        .collect();
-    for r in &sel.match_expressions {
-        let operator = match r.operator.as_str() {
-            "In" => SelectorOp::In,
-            "NotIn" => SelectorOp::NotIn,
-            "Exists" => SelectorOp::Exists,
-            "DoesNotExist" => SelectorOp::DoesNotExist,
-            _ => return None,
-        };
-        requirements.push(Requirement {
-            key: r.key.clone(),
-            operator,
-            values: r.values.clone(),
-        });
-    }
-    Some(LabelSelector { requirements })
+    let kube = KubeSelector {
+        match_labels: Some(sel.match_labels.clone()),
+        match_expressions: Some(
+            sel.match_expressions
+                .iter()
+                .map(|r| KubeRequirement {
+                    key: r.key.clone(),
+                    operator: r.operator.clone(),
+                    values: Some(r.values.clone()),
+                })
+                .collect(),
+        ),
+    };
+    let mut reported_elsewhere = Vec::new();
+    super::constraints::label_selector(
+        Some(&kube),
+        "spec.namespaceSelector",
+        &mut reported_elsewhere,
+    )
 }
 
 /// A queue's rule in words: `namespaces [a, b]`, `namespaces matching "team=ml"`, both joined

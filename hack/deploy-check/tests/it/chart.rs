@@ -673,20 +673,7 @@ async fn helm_install_creates_every_object_of_the_chart() {
     let cluster = tokio::task::block_in_place(|| Cluster::start(ClusterOptions::default()));
     let kubeconfig = cluster.admin_kubeconfig();
     let chart = chart_dir();
-    let out = tokio::task::block_in_place(|| {
-        tessera_testcluster::helm(
-            &[
-                "install",
-                "tessera",
-                &chart.to_string_lossy(),
-                "--namespace",
-                common::NAMESPACE,
-                "--create-namespace",
-                "--wait=false",
-            ],
-            Some(&kubeconfig),
-        )
-    });
+    let out = common::helm_install(&kubeconfig);
     assert!(
         out.success,
         "helm install failed:\n{}\n{}\n{}",

@@ -10,7 +10,7 @@
 
 use crate::common;
 
-use common::{AGENT_SA, COORDINATOR_SA, NAMESPACE, apply, chart_dir, wait_crd_established};
+use common::{AGENT_SA, COORDINATOR_SA, NAMESPACE, apply, wait_crd_established};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -120,22 +120,7 @@ async fn a_tenant_cannot_change_what_tessera_decided() {
         })
     });
     let admin = cluster.admin().await;
-    let kubeconfig = cluster.admin_kubeconfig();
-    let chart = chart_dir();
-    let install = tokio::task::block_in_place(|| {
-        tessera_testcluster::helm(
-            &[
-                "install",
-                "tessera",
-                &chart.to_string_lossy(),
-                "--namespace",
-                NAMESPACE,
-                "--create-namespace",
-                "--wait=false",
-            ],
-            Some(&kubeconfig),
-        )
-    });
+    let install = common::helm_install(&cluster.admin_kubeconfig());
     assert!(
         install.success,
         "helm install failed:\n{}\n{}",
@@ -322,30 +307,21 @@ async fn a_tenant_cannot_change_what_tessera_decided() {
     assert_eq!(annotation(&now, keys::ASSIGNMENT), Some(assignment));
 
     // Tessera's own identities may write them.
-    patch(
-        &agent,
-        "job",
-        &key_patch(false, keys::ALLOCATED, Some("true")),
-        false,
-    )
-    .await
-    .expect("the agent marks the pod allocated");
-    patch(
-        &coordinator,
-        "job",
-        &key_patch(false, keys::ISOLATION, Some("watchdog")),
-        false,
-    )
-    .await
-    .expect("the coordinator writes a bound pod's isolation");
-    patch(
-        &coordinator,
-        "job",
-        &key_patch(true, keys::QUEUE, Some("other")),
-        false,
-    )
-    .await
-    .expect("the coordinator writes a bound pod's queue");
+    for (who, client, label, key, value) in [
+        ("agent", &agent, false, keys::ALLOCATED, "true"),
+        (
+            "coordinator",
+            &coordinator,
+            false,
+            keys::ISOLATION,
+            "watchdog",
+        ),
+        ("coordinator", &coordinator, true, keys::QUEUE, "other"),
+    ] {
+        patch(client, "job", &key_patch(label, key, Some(value)), false)
+            .await
+            .unwrap_or_else(|e| panic!("the {who} writes {key} on the bound pod: {e}"));
+    }
     create(&agent, &forged, true)
         .await
         .expect("the agent's identity may create a pod carrying an assignment");

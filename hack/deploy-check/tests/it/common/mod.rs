@@ -54,6 +54,26 @@ pub(crate) fn chart_dir() -> PathBuf {
     repo().join(manifests::CHART_DIR)
 }
 
+/// `helm install tessera` of the chart with its default values into the cluster of admin
+/// kubeconfig `kubeconfig`, in [`NAMESPACE`] (created), not waiting for the workloads.
+pub(crate) fn helm_install(kubeconfig: &Path) -> tessera_testcluster::HelmOutput {
+    let chart = chart_dir();
+    tokio::task::block_in_place(|| {
+        tessera_testcluster::helm(
+            &[
+                "install",
+                "tessera",
+                &chart.to_string_lossy(),
+                "--namespace",
+                NAMESPACE,
+                "--create-namespace",
+                "--wait=false",
+            ],
+            Some(kubeconfig),
+        )
+    })
+}
+
 /// `helm template` of the chart with default values (CRDs included), as JSON documents.
 pub(crate) fn default_render() -> Vec<Value> {
     render_with(&[])
