@@ -206,22 +206,27 @@ pub fn snapshot_with(inputs: &Inputs<'_>, memo: &mut PodMemo) -> Translated {
 /// translated pods of this pass, not in [`pod::translate`]: the rules are the queues' and the
 /// namespaces', which the [`PodMemo`] does not follow.
 fn refuse_unadmitted_namespaces(pods: &mut [TranslatedPod], tenancy: &queue::Tenancy<'_>) {
-    let mut judged: BTreeMap<(String, String), Option<String>> = BTreeMap::new();
-    for p in pods.iter_mut() {
-        let pod = &mut p.pod;
+    // Judged once per (queue, namespace) of the pending pods, then written.
+    let mut judged: rustc_hash::FxHashMap<(&str, &str), Option<String>> = Default::default();
+    let mut refused: Vec<(usize, String)> = Vec::new();
+    for (i, p) in pods.iter().enumerate() {
+        let pod = &p.pod;
         if pod.owned_by_other_scheduler || pod.placement.is_some() {
             continue;
         }
-        let key = (pod.queue.clone(), pod.namespace.clone());
+        let key = (pod.queue.as_str(), pod.namespace.as_str());
         let refusal = judged
             .entry(key)
-            .or_insert_with_key(|(queue, namespace)| tenancy.refusal(queue, namespace));
+            .or_insert_with(|| tenancy.refusal(key.0, key.1));
         if let Some(message) = refusal {
-            pod.input_errors.push(InputError {
-                field: keys::QUEUE.to_string(),
-                message: message.clone(),
-            });
+            refused.push((i, message.clone()));
         }
+    }
+    for (i, message) in refused {
+        pods[i].pod.input_errors.push(InputError {
+            field: keys::QUEUE.to_string(),
+            message,
+        });
     }
 }
 
