@@ -54,3 +54,24 @@ pub const MIG_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
 pub const JOBSET_NAME_LABEL: &str = "jobset.sigs.k8s.io/jobset-name";
 /// The scheduler name of pods that name none.
 pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
+
+/// Annotations only Tessera writes ([`ASSIGNMENT`] and [`ASSIGNED_AT`] in the coordinator's
+/// Binding, [`ALLOCATED`] by a revision-1 agent). The chart's admission policy refuses any
+/// other writer a pod (or Binding) that carries, adds, changes or removes one; it reads this
+/// list (deploy-check generates the policy's CEL list from it).
+pub const WRITTEN_BY_TESSERA: [&str; 3] = [ASSIGNMENT, ASSIGNED_AT, ALLOCATED];
+/// Annotations a user sets that decide a pod's GPU share and enforcement: free until the pod
+/// is bound, fixed after (the agent enforces, and the coordinator accounts for, what was
+/// decided at binding). The chart's admission policy refuses other writers a change to one
+/// on a bound pod.
+pub const FIXED_ONCE_BOUND_ANNOTATIONS: [&str; 6] = [
+    ISOLATION,
+    GPU_FRACTION,
+    GPU_FRACTION_ALIAS,
+    GPU_MEMORY,
+    GPU_MEMORY_ALIAS,
+    GPU_FRACTION_NUM_DEVICES_ALIAS,
+];
+/// Labels that decide which queue a pod is charged to: fixed once the pod is bound, as
+/// [`FIXED_ONCE_BOUND_ANNOTATIONS`].
+pub const FIXED_ONCE_BOUND_LABELS: [&str; 2] = [QUEUE, QUEUE_ALIAS];

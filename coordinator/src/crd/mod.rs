@@ -16,7 +16,10 @@ use kube::CustomResourceExt;
 pub use condition::Condition;
 pub use podgroup::{GroupTopology, PodGroup, PodGroupSpec, PodGroupStatus};
 pub use quantity::{QuantityError, QuantityValue};
-pub use queue::{GpuQuota, QuantityQuota, Queue, QueueSpec, QueueStatus, ResourceAmounts};
+pub use queue::{
+    GpuQuota, NamespaceSelector, QuantityQuota, Queue, QueueSpec, QueueStatus, ResourceAmounts,
+    SelectorRequirement,
+};
 pub use topology::{Topology, TopologyLevel, TopologySpec, TopologyStatus};
 
 /// API group of every Tessera resource.

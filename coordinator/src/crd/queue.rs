@@ -1,4 +1,7 @@
-//! The `Queue` custom resource (cluster-scoped): one node of the hierarchical fair-share tree.
+//! The `Queue` custom resource (cluster-scoped): one node of the hierarchical fair-share tree,
+//! and which namespaces may submit pods to it.
+
+use std::collections::BTreeMap;
 
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -56,6 +59,63 @@ pub struct QueueSpec {
     /// Memory settings, as quantities (`64Gi`, `4096Mi`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<QuantityQuota>,
+    /// Namespaces whose pods may use this queue, by name. A namespace this list or
+    /// `namespaceSelector` admits may submit; a queue with neither admits every namespace,
+    /// an empty list alone admits none. A parent's rule also binds its descendants.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(max = 1024),
+        inner(length(min = 1, max = 63), pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))
+    )]
+    pub namespaces: Option<Vec<String>>,
+    /// Namespaces whose labels match may use this queue (as `metav1.LabelSelector`: `{}`
+    /// matches every namespace). See `namespaces`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<NamespaceSelector>,
+}
+
+/// A label selector on namespaces, spelt as `metav1.LabelSelector`: every `matchLabels` entry
+/// and every `matchExpressions` requirement must hold; an empty selector matches every
+/// namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceSelector {
+    /// Label key → value a namespace must carry.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    // Keys and values are checked by `validate::queue`, not here: a CEL rule on a map's keys
+    // cannot be bounded in cost (a key has no maxLength), so the API server refuses one.
+    #[schemars(extend("maxProperties" = 64))]
+    pub match_labels: BTreeMap<String, String>,
+    /// Requirements on a namespace's labels.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub match_expressions: Vec<SelectorRequirement>,
+}
+
+/// One requirement of a namespace selector, as `metav1.LabelSelectorRequirement`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "self.operator in ['In', 'NotIn'] ? size(self.values) > 0 : size(self.values) == 0",
+    "message": "values must list at least one value for operator In or NotIn, and none for Exists or DoesNotExist"
+}]))]
+pub struct SelectorRequirement {
+    /// The label key (`team`, `example.com/tier`).
+    #[schemars(length(min = 1, max = 317), pattern(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"))]
+    pub key: String,
+    /// `In`, `NotIn`, `Exists` or `DoesNotExist`.
+    #[schemars(extend("enum" = ["In", "NotIn", "Exists", "DoesNotExist"]))]
+    pub operator: String,
+    /// The values `In` and `NotIn` compare with; empty for `Exists` and `DoesNotExist`.
+    #[serde(default)]
+    #[schemars(
+        length(max = 256),
+        inner(
+            length(max = 63),
+            pattern(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
+        )
+    )]
+    pub values: Vec<String>,
 }
 
 fn one() -> f64 {

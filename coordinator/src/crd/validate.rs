@@ -36,7 +36,8 @@ impl fmt::Display for Problem {
 }
 
 /// Checks one queue on its own: non-negative quota and weight, a limit that is -1 or at least
-/// the quota, and well-formed quantities.
+/// the quota, well-formed quantities, namespace names and a namespace selector as Kubernetes
+/// would parse it.
 pub fn queue(q: &Queue) -> Vec<Problem> {
     let mut out = Vec::new();
     if let Some(g) = &q.spec.gpu {
@@ -67,6 +68,7 @@ pub fn queue(q: &Queue) -> Vec<Problem> {
             example,
         );
     }
+    tenancy(&mut out, q);
     if q.spec.parent.as_deref() == Some(q.metadata.name.as_deref().unwrap_or("")) {
         out.push(Problem::new(
             "spec.parent",
@@ -74,6 +76,160 @@ pub fn queue(q: &Queue) -> Vec<Problem> {
         ));
     }
     out
+}
+
+/// The operators a namespace selector's requirement may use.
+pub const SELECTOR_OPERATORS: [&str; 4] = ["In", "NotIn", "Exists", "DoesNotExist"];
+
+/// `spec.namespaces` and `spec.namespaceSelector`: names that can be namespaces, label keys
+/// and values Kubernetes accepts, known operators with the values each needs.
+fn tenancy(out: &mut Vec<Problem>, q: &Queue) {
+    let mut seen = BTreeSet::new();
+    for (i, ns) in q.spec.namespaces.iter().flatten().enumerate() {
+        let field = format!("spec.namespaces[{i}]");
+        if let Err(why) = dns_label(ns) {
+            out.push(Problem::new(
+                field,
+                format!("{ns:?} {why}; give a namespace name such as team-a"),
+            ));
+        } else if !seen.insert(ns.as_str()) {
+            out.push(Problem::new(
+                field,
+                format!("{ns:?} appears twice; list each namespace once"),
+            ));
+        }
+    }
+    let Some(sel) = &q.spec.namespace_selector else {
+        return;
+    };
+    const BASE: &str = "spec.namespaceSelector";
+    for (key, value) in &sel.match_labels {
+        let field = format!("{BASE}.matchLabels[{key:?}]");
+        if let Err(why) = qualified_name(key) {
+            out.push(Problem::new(
+                field,
+                format!("key {key:?} {why}; {KEY_FORM}"),
+            ));
+        } else if let Err(why) = label_value(value) {
+            out.push(Problem::new(
+                field,
+                format!("value {value:?} {why}; {VALUE_FORM}"),
+            ));
+        }
+    }
+    for (j, r) in sel.match_expressions.iter().enumerate() {
+        let at = format!("{BASE}.matchExpressions[{j}]");
+        if let Err(why) = qualified_name(&r.key) {
+            out.push(Problem::new(
+                format!("{at}.key"),
+                format!("{:?} {why}; {KEY_FORM}", r.key),
+            ));
+        }
+        let wants_values = match r.operator.as_str() {
+            "In" | "NotIn" => true,
+            "Exists" | "DoesNotExist" => false,
+            other => {
+                out.push(Problem::new(
+                    format!("{at}.operator"),
+                    format!(
+                        "{other:?} is not a namespace selector operator; use one of {}",
+                        SELECTOR_OPERATORS.join(", ")
+                    ),
+                ));
+                continue;
+            }
+        };
+        if wants_values && r.values.is_empty() {
+            out.push(Problem::new(
+                format!("{at}.values"),
+                format!("empty; operator {} needs at least one value", r.operator),
+            ));
+        } else if !wants_values && !r.values.is_empty() {
+            out.push(Problem::new(
+                format!("{at}.values"),
+                format!("operator {} takes no values; remove them", r.operator),
+            ));
+        }
+        for (k, v) in r.values.iter().enumerate() {
+            if let Err(why) = label_value(v) {
+                out.push(Problem::new(
+                    format!("{at}.values[{k}]"),
+                    format!("{v:?} {why}; {VALUE_FORM}"),
+                ));
+            }
+        }
+    }
+}
+
+/// What a label key looks like, for messages.
+const KEY_FORM: &str = "give a label key: a name of at most 63 letters, digits, '-', '_' or '.' \
+starting and ending with a letter or digit, optionally after a DNS prefix and '/' (example.com/team)";
+/// What a label value looks like, for messages.
+const VALUE_FORM: &str = "give a label value: at most 63 letters, digits, '-', '_' or '.', \
+starting and ending with a letter or digit, or empty";
+
+/// A DNS-1123 label (a namespace name): 1-63 lower-case letters, digits and '-', starting and
+/// ending with a letter or digit. `Err` says what is wrong.
+fn dns_label(s: &str) -> Result<(), &'static str> {
+    if s.is_empty() {
+        return Err("is empty");
+    }
+    if s.len() > 63 {
+        return Err("is longer than 63 characters");
+    }
+    if !s
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
+        return Err("may hold only lower-case letters, digits and '-'");
+    }
+    if s.starts_with('-') || s.ends_with('-') {
+        return Err("must start and end with a letter or digit");
+    }
+    Ok(())
+}
+
+/// A DNS-1123 subdomain: dot-separated DNS labels, at most 253 characters.
+fn dns_subdomain(s: &str) -> Result<(), &'static str> {
+    if s.len() > 253 {
+        return Err("has a prefix longer than 253 characters");
+    }
+    s.split('.').try_for_each(dns_label)
+}
+
+/// A label key: `name` or `prefix/name`, the prefix a DNS subdomain, the name a label value
+/// that is not empty.
+fn qualified_name(s: &str) -> Result<(), &'static str> {
+    let name = match s.split_once('/') {
+        Some((prefix, name)) => {
+            dns_subdomain(prefix)?;
+            name
+        }
+        None => s,
+    };
+    if name.is_empty() {
+        return Err("has an empty name");
+    }
+    label_value(name)
+}
+
+/// A label value: empty, or at most 63 letters, digits, '-', '_' and '.', starting and ending
+/// with a letter or digit.
+fn label_value(s: &str) -> Result<(), &'static str> {
+    if s.len() > 63 {
+        return Err("is longer than 63 characters");
+    }
+    if !s
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    {
+        return Err("may hold only letters, digits, '-', '_' and '.'");
+    }
+    let alnum = |b: Option<u8>| b.is_none_or(|b| b.is_ascii_alphanumeric());
+    if !alnum(s.bytes().next()) || !alnum(s.bytes().last()) {
+        return Err("must start and end with a letter or digit");
+    }
+    Ok(())
 }
 
 /// Parses `spec.<res>.<field>` in its resource's unit: cores for CPU, bytes for memory

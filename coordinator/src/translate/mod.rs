@@ -1,8 +1,9 @@
 //! Pure translation from Kubernetes objects to the scheduling core's model: pods (labels,
 //! annotations and their migration aliases, requests, placement constraints, the node
 //! affinity of their volumes), pod groups (objects, shorthand, implied by owner), queues,
-//! topology, nodes (taints, pod limit, extended resources) and namespaces' labels. No I/O and
-//! no clocks: the caller passes `now`.
+//! topology, nodes (taints, pod limit, extended resources) and namespaces' labels (which
+//! also decide which queues a namespace's pods may use). No I/O and no clocks: the caller
+//! passes `now`.
 //!
 //! The cluster cache stores objects and calls [`snapshot_with`] once per cycle, with a
 //! [`PodMemo`] that remembers each pod's translation until its `resourceVersion` moves.
@@ -204,6 +205,35 @@ pub fn snapshot_with(inputs: &Inputs<'_>, memo: &mut PodMemo) -> Translated {
     assemble(inputs, Some(memo))
 }
 
+/// Marks each pod Tessera is to place whose namespace may not use its queue with an input
+/// error on the queue label, so it stays pending and says why. Judged here, on the
+/// translated pods of this pass, not in [`pod::translate`]: the rules are the queues' and the
+/// namespaces', which the [`PodMemo`] does not follow.
+fn refuse_unadmitted_namespaces(pods: &mut [TranslatedPod], tenancy: &queue::Tenancy<'_>) {
+    // Judged once per (queue, namespace) of the pending pods, then written.
+    let mut judged: rustc_hash::FxHashMap<(&str, &str), Option<String>> = Default::default();
+    let mut refused: Vec<(usize, String)> = Vec::new();
+    for (i, p) in pods.iter().enumerate() {
+        let pod = &p.pod;
+        if pod.owned_by_other_scheduler || pod.placement.is_some() {
+            continue;
+        }
+        let key = (pod.queue.as_str(), pod.namespace.as_str());
+        let refusal = judged
+            .entry(key)
+            .or_insert_with(|| tenancy.refusal(key.0, key.1));
+        if let Some(message) = refusal {
+            refused.push((i, message.clone()));
+        }
+    }
+    for (i, message) in refused {
+        pods[i].pod.input_errors.push(InputError {
+            field: keys::QUEUE.to_string(),
+            message,
+        });
+    }
+}
+
 fn assemble(inputs: &Inputs<'_>, mut memo: Option<&mut PodMemo>) -> Translated {
     let ctx = pod_context(inputs);
     let volume_objects =
@@ -244,6 +274,11 @@ fn assemble(inputs: &Inputs<'_>, mut memo: Option<&mut PodMemo>) -> Translated {
         below_min_member_since: &inputs.below_min_member_since,
     };
     let groups = groups(&mut pods, &inputs.pod_groups, &gctx);
+    // After groups: a pod without a queue label takes its PodGroup's queue.
+    refuse_unadmitted_namespaces(
+        &mut pods,
+        &queue::Tenancy::new(&inputs.queues, &inputs.namespaces),
+    );
 
     let mut queues: Vec<Queue> = inputs.queues.iter().map(|q| queue::translate(q)).collect();
     if !queues.iter().any(|q| q.name == keys::DEFAULT_QUEUE) {

@@ -87,6 +87,71 @@ fn queue_fields() {
             &["negative"],
         ),
         (json!({"parent": "q"}), "spec.parent", &["own parent"]),
+        (
+            json!({"namespaces": ["team-a", "Team_B"]}),
+            "spec.namespaces[1]",
+            &["\"Team_B\"", "lower-case", "team-a"],
+        ),
+        (
+            json!({"namespaces": [""]}),
+            "spec.namespaces[0]",
+            &["empty", "namespace name"],
+        ),
+        (
+            json!({"namespaces": ["-a"]}),
+            "spec.namespaces[0]",
+            &["start and end"],
+        ),
+        (
+            json!({"namespaces": ["a", "b", "a"]}),
+            "spec.namespaces[2]",
+            &["twice"],
+        ),
+        (
+            json!({"namespaces": ["x".repeat(64)]}),
+            "spec.namespaces[0]",
+            &["63"],
+        ),
+        (
+            json!({"namespaceSelector": {"matchLabels": {"bad key": "x"}}}),
+            "spec.namespaceSelector.matchLabels[\"bad key\"]",
+            &["key", "label key", "example.com/team"],
+        ),
+        (
+            json!({"namespaceSelector": {"matchLabels": {"Example.com/team": "x"}}}),
+            "spec.namespaceSelector.matchLabels[\"Example.com/team\"]",
+            &["key", "lower-case"],
+        ),
+        (
+            json!({"namespaceSelector": {"matchLabels": {"team": "not ok"}}}),
+            "spec.namespaceSelector.matchLabels[\"team\"]",
+            &["value \"not ok\"", "label value"],
+        ),
+        (
+            json!({"namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "Gt", "values": ["1"]}]}}),
+            "spec.namespaceSelector.matchExpressions[0].operator",
+            &["\"Gt\"", "In, NotIn, Exists, DoesNotExist"],
+        ),
+        (
+            json!({"namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "In"}]}}),
+            "spec.namespaceSelector.matchExpressions[0].values",
+            &["empty", "at least one value"],
+        ),
+        (
+            json!({"namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "Exists", "values": ["x"]}]}}),
+            "spec.namespaceSelector.matchExpressions[0].values",
+            &["takes no values"],
+        ),
+        (
+            json!({"namespaceSelector": {"matchExpressions": [{"key": "team/", "operator": "Exists"}]}}),
+            "spec.namespaceSelector.matchExpressions[0].key",
+            &["empty name"],
+        ),
+        (
+            json!({"namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "NotIn", "values": ["ok", "-no"]}]}}),
+            "spec.namespaceSelector.matchExpressions[0].values[1]",
+            &["\"-no\"", "label value"],
+        ),
     ];
     for (spec, field, words) in cases {
         let problems = validate::queue(&queue("q", spec.clone()));
@@ -98,6 +163,11 @@ fn queue_fields() {
         json!({"gpu": {"quota": 2, "limit": 2}}),
         json!({"cpu": {"quota": 32, "limit": "64"}, "memory": {"quota": "64Gi", "limit": -1}}),
         json!({"cpu": {"quota": "500m"}}),
+        json!({"namespaces": []}),
+        json!({"namespaces": ["team-a", "b0"], "namespaceSelector": {}}),
+        json!({"namespaceSelector": {"matchLabels": {"example.com/team": "ml", "tier": ""},
+               "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["a", "b"]},
+                                    {"key": "gone", "operator": "DoesNotExist"}]}}),
     ];
     for spec in fine {
         let problems = validate::queue(&queue("q", spec.clone()));

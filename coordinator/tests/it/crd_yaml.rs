@@ -53,6 +53,8 @@ fn schemas_carry_names_columns_and_server_side_checks() {
         "x-kubernetes-list-map-keys",
         "jsonPath: .status.fairShare.gpu",
         "jsonPath: .spec.minMember",
+        "namespaceSelector",
+        "values must list at least one value for operator In or NotIn",
     ] {
         assert!(yaml.contains(needle), "generated CRDs lack {needle:?}");
     }
@@ -136,6 +138,12 @@ spec:
   gpu: {quota: 2.5, overQuotaWeight: 2, limit: -1}
   cpu: {quota: 32, limit: "64"}
   memory: {quota: 64Gi, overQuotaWeight: 1, limit: -1}
+  namespaces: [team-a, team-b]
+  namespaceSelector:
+    matchLabels: {example.com/team: ml}
+    matchExpressions:
+      - {key: tier, operator: In, values: [gold]}
+      - {key: retired, operator: DoesNotExist}
 "#,
     )
     .expect("example queue parses");
@@ -154,6 +162,48 @@ spec:
     let st = patched.status.expect("status");
     assert_eq!(st.fair_share.map(|f| f.gpu), Some(2.5));
     assert_eq!(st.conditions[0].type_, "Valid");
+
+    // Namespace rules the server refuses, each with the form it accepts.
+    for (spec, words) in [
+        (
+            json!({"namespaces": ["Team_A"]}),
+            &["spec.namespaces[0]", "should match", "[a-z0-9]"][..],
+        ),
+        (
+            json!({"namespaceSelector": {"matchExpressions": [{"key": "tier", "operator": "Gt", "values": ["1"]}]}}),
+            &[
+                "operator",
+                "Unsupported value: \"Gt\"",
+                "\"In\", \"NotIn\", \"Exists\", \"DoesNotExist\"",
+            ][..],
+        ),
+        (
+            json!({"namespaceSelector": {"matchExpressions": [{"key": "tier", "operator": "In"}]}}),
+            &["values must list at least one value for operator In or NotIn"][..],
+        ),
+        (
+            json!({"namespaceSelector": {"matchExpressions": [{"key": "tier", "operator": "Exists", "values": ["x"]}]}}),
+            &["none for Exists or DoesNotExist"][..],
+        ),
+        (
+            json!({"namespaceSelector": {"matchExpressions": [{"key": "a b", "operator": "Exists"}]}}),
+            &["matchExpressions[0].key", "should match"][..],
+        ),
+    ] {
+        let bad: Queue = serde_json::from_value(json!({
+            "apiVersion": "tessera.dev/v1alpha1", "kind": "Queue",
+            "metadata": {"name": "bad"}, "spec": spec,
+        }))
+        .expect("the bad queue parses");
+        let refused = queues
+            .create(&PostParams::default(), &bad)
+            .await
+            .expect_err(&format!("{spec} must be refused by the server"))
+            .to_string();
+        for w in words {
+            assert!(refused.contains(w), "{spec}: {w:?} not in {refused}");
+        }
+    }
 
     let groups: Api<PodGroup> = Api::namespaced(client.clone(), "default");
     let g: PodGroup = serde_yaml_ng::from_str(

@@ -1,5 +1,5 @@
-//! Group derivation, queues, topology, nodes (capacity, taints, readiness), volumes' node
-//! affinity, namespaces and whole-snapshot assembly.
+//! Group derivation, queues (and which namespaces may use them), topology, nodes (capacity,
+//! taints, readiness), volumes' node affinity, namespaces and whole-snapshot assembly.
 
 use std::collections::BTreeMap;
 
@@ -708,4 +708,246 @@ fn the_pod_memo_gives_what_a_fresh_translation_gives() {
         3,
         "the undated pod is not remembered, the gone one forgotten"
     );
+}
+
+/// A namespace `name` with `labels` and the name label the API server gives every namespace.
+fn namespace(name: &str, labels: Value) -> Namespace {
+    let mut l = json!({"kubernetes.io/metadata.name": name});
+    l.as_object_mut()
+        .unwrap()
+        .extend(labels.as_object().unwrap().clone());
+    serde_json::from_value(json!({"metadata": {"name": name, "labels": l}})).unwrap()
+}
+
+/// Why the queue rules refuse pods of `namespace` in `queue_name`, judged on `queues` and
+/// `namespaces`; `None` when admitted.
+fn refusal(
+    queues: &[&Queue],
+    namespaces: &[&Namespace],
+    queue_name: &str,
+    ns: &str,
+) -> Option<String> {
+    translate::queue::Tenancy::new(queues, namespaces).refusal(queue_name, ns)
+}
+
+#[test]
+fn queues_admit_the_namespaces_they_name_or_select() {
+    let team_a = namespace("team-a", json!({"team": "ml", "tier": "gold"}));
+    let team_b = namespace("team-b", json!({"team": "web"}));
+    let other = namespace("other", json!({}));
+    let namespaces = [&team_a, &team_b, &other];
+    // (spec, namespaces admitted among team-a, team-b, other)
+    let cases: &[(Value, [bool; 3])] = &[
+        (json!({}), [true, true, true]),
+        (json!({"namespaces": ["team-a"]}), [true, false, false]),
+        (json!({"namespaces": []}), [false, false, false]),
+        (json!({"namespaceSelector": {}}), [true, true, true]),
+        (
+            json!({"namespaceSelector": {"matchLabels": {"team": "ml"}}}),
+            [true, false, false],
+        ),
+        (
+            json!({"namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "Exists"}]}}),
+            [true, true, false],
+        ),
+        (
+            json!({"namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "NotIn", "values": ["ml"]}]}}),
+            [false, true, true],
+        ),
+        (
+            json!({"namespaceSelector": {"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]}}),
+            [false, true, true],
+        ),
+        (
+            json!({"namespaceSelector": {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["other"]}]}}),
+            [false, false, true],
+        ),
+        // The list or the selector.
+        (
+            json!({"namespaces": ["other"], "namespaceSelector": {"matchLabels": {"team": "web"}}}),
+            [false, true, true],
+        ),
+        // Both conditions of one selector.
+        (
+            json!({"namespaceSelector": {"matchLabels": {"team": "ml"}, "matchExpressions": [{"key": "tier", "operator": "In", "values": ["silver"]}]}}),
+            [false, false, false],
+        ),
+        // A selector Kubernetes could not parse matches nothing.
+        (
+            json!({"namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "Gt", "values": ["1"]}]}}),
+            [false, false, false],
+        ),
+        (
+            json!({"namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "In"}]}}),
+            [false, false, false],
+        ),
+    ];
+    for (spec, want) in cases {
+        let q = queue("gpu", spec.clone());
+        for (ns, admitted) in ["team-a", "team-b", "other"].iter().zip(want) {
+            let why = refusal(&[&q], &namespaces, "gpu", ns);
+            assert_eq!(why.is_none(), *admitted, "{spec} for {ns}: {why:?}");
+            if let Some(why) = why {
+                assert!(
+                    why.contains("queue \"gpu\"") && why.contains(&format!("namespace \"{ns}\"")),
+                    "{why}"
+                );
+            }
+        }
+    }
+    // A namespace the cache has not seen is judged by its name label alone.
+    let q = queue(
+        "gpu",
+        json!({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "new"}}}),
+    );
+    assert_eq!(refusal(&[&q], &[], "gpu", "new"), None);
+    assert!(refusal(&[&q], &[], "gpu", "newer").is_some());
+    // Queues without an object (the implicit default, or an unknown queue, which the core
+    // reports) refuse no one here.
+    assert_eq!(refusal(&[&q], &namespaces, "default", "other"), None);
+    // The message says what the queue admits.
+    let q = queue(
+        "gpu",
+        json!({"namespaces": ["team-a", "team-c"], "namespaceSelector": {"matchLabels": {"team": "ml"}, "matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["bronze", "tin"]}]}}),
+    );
+    let why = refusal(&[&q], &namespaces, "gpu", "other").unwrap();
+    assert!(
+        why.contains(
+            "namespaces [team-a, team-c] or namespaces matching \"team=ml,tier notin (bronze,tin)\""
+        ),
+        "{why}"
+    );
+    let closed = queue("gpu", json!({"namespaces": []}));
+    let why = refusal(&[&closed], &namespaces, "gpu", "team-a").unwrap();
+    assert!(why.contains("it admits no namespace"), "{why}");
+}
+
+#[test]
+fn a_leaf_admits_only_namespaces_every_queue_above_it_admits() {
+    let a = namespace("a", json!({"team": "x"}));
+    let b = namespace("b", json!({}));
+    let c = namespace("c", json!({"team": "x"}));
+    let namespaces = [&a, &b, &c];
+    let org = queue("org", json!({"namespaces": ["a", "b"]}));
+    let mid = queue("mid", json!({"parent": "org"}));
+    let leaf = queue(
+        "leaf",
+        json!({"parent": "mid", "namespaceSelector": {"matchLabels": {"team": "x"}}}),
+    );
+    let open_leaf = queue("open", json!({"parent": "mid"}));
+    let queues = [&org, &mid, &leaf, &open_leaf];
+    // a: admitted by the leaf's selector and by org's list.
+    assert_eq!(refusal(&queues, &namespaces, "leaf", "a"), None);
+    // b: org admits it, the leaf does not: the leaf's own rule is named.
+    let why = refusal(&queues, &namespaces, "leaf", "b").unwrap();
+    assert!(
+        why.contains("(it admits namespaces matching \"team=x\")"),
+        "{why}"
+    );
+    // c: the leaf admits it, org does not: the ancestor is named.
+    let why = refusal(&queues, &namespaces, "leaf", "c").unwrap();
+    assert!(
+        why.contains("queue \"leaf\" does not admit pods of namespace \"c\"")
+            && why.contains("its ancestor queue \"org\" admits only namespaces [a, b]"),
+        "{why}"
+    );
+    // A leaf with no rule of its own inherits its ancestors'.
+    assert_eq!(refusal(&queues, &namespaces, "open", "b"), None);
+    assert!(refusal(&queues, &namespaces, "open", "c").is_some());
+    // A parent cycle (reported by validation) ends the walk.
+    let x = queue("x", json!({"parent": "y"}));
+    let y = queue("y", json!({"parent": "x"}));
+    assert_eq!(refusal(&[&x, &y], &namespaces, "x", "a"), None);
+}
+
+#[test]
+fn pending_pods_of_a_refused_namespace_wait_with_the_queue_and_namespace_named() {
+    let ns = namespace("ns", json!({}));
+    let q = queue("gpu", json!({"namespaces": ["team-a"]}));
+    let labelled = json!({"labels": {"tessera.dev/queue": "gpu"}});
+    let pending = kpod("pending", labelled.clone(), json!({}));
+    let bound = kpod("bound", labelled.clone(), json!({"nodeName": "n1"}));
+    let foreign = kpod(
+        "foreign",
+        labelled,
+        json!({"schedulerName": "default-scheduler", "nodeName": "n1"}),
+    );
+    // No label: the PodGroup's queue applies, and is judged.
+    let member = kpod(
+        "member",
+        json!({"annotations": {"tessera.dev/pod-group": "g"}}),
+        json!({}),
+    );
+    let g = group("g", json!({"minMember": 1, "queue": "gpu"}));
+    let mut inputs = Inputs::new(0, "tessera");
+    inputs.queues = vec![&q];
+    inputs.namespaces = vec![&ns];
+    inputs.pods = vec![&pending, &bound, &foreign, &member];
+    inputs.pod_groups = vec![&g];
+    let out = translate::snapshot(&inputs);
+    let errors = |name: &str| {
+        out.snapshot
+            .pods
+            .iter()
+            .find(|p| p.name == name)
+            .unwrap_or_else(|| panic!("no pod {name}"))
+            .input_errors
+            .clone()
+    };
+    for name in ["pending", "member"] {
+        let e = errors(name);
+        assert_eq!(e.len(), 1, "{name}: {e:?}");
+        assert_eq!(e[0].field, "tessera.dev/queue");
+        assert!(
+            e[0].message
+                .contains("queue \"gpu\" does not admit pods of namespace \"ns\""),
+            "{name}: {}",
+            e[0].message
+        );
+    }
+    // Pods already bound keep running and are charged as before; other schedulers' pods are
+    // only counted.
+    assert!(errors("bound").is_empty());
+    assert!(errors("foreign").is_empty());
+    // Admitted: nothing to say.
+    let open = queue("gpu", json!({"namespaces": ["team-a", "ns"]}));
+    inputs.queues = vec![&open];
+    let out = translate::snapshot(&inputs);
+    assert!(out.snapshot.pods.iter().all(|p| p.input_errors.is_empty()));
+}
+
+/// The queue rules are judged on each pass, not remembered with a pod's translation: a rule or
+/// a namespace's labels that change while the pods do not change the verdict, memo or not.
+#[test]
+fn the_pod_memo_follows_queue_namespace_rules() {
+    let mut p = kpod(
+        "p",
+        json!({"labels": {"tessera.dev/queue": "gpu"}}),
+        json!({}),
+    );
+    p.metadata.resource_version = Some("1".into());
+    let plain = namespace("ns", json!({}));
+    let ml = namespace("ns", json!({"team": "ml"}));
+    let open = queue("gpu", json!({}));
+    let closed = queue(
+        "gpu",
+        json!({"namespaceSelector": {"matchLabels": {"team": "ml"}}}),
+    );
+    let mut memo = translate::PodMemo::default();
+    let mut check = |q: &Queue, ns: &Namespace| -> usize {
+        let mut inputs = Inputs::new(100, "tessera");
+        inputs.pods = vec![&p];
+        inputs.queues = vec![q];
+        inputs.namespaces = vec![ns];
+        let fresh = translate::snapshot(&inputs);
+        let memoized = translate::snapshot_with(&inputs, &mut memo);
+        assert_eq!(format!("{memoized:?}"), format!("{fresh:?}"));
+        memoized.snapshot.pods[0].input_errors.len()
+    };
+    assert_eq!(check(&open, &plain), 0);
+    assert_eq!(check(&closed, &plain), 1, "the queue closed: refused");
+    assert_eq!(check(&closed, &ml), 0, "the namespace labelled: admitted");
+    assert_eq!(check(&closed, &plain), 1, "the label taken away: refused");
+    assert_eq!(check(&open, &plain), 0, "the queue open again");
+    assert_eq!(memo.len(), 1);
 }

@@ -127,6 +127,7 @@ mod service_monitor {
 
 /// Checks one document (as JSON).
 pub fn check(doc: &Value) -> Result<Checked, String> {
+    use k8s_openapi::api::admissionregistration::v1 as admission;
     use k8s_openapi::api::{apps, batch, core, policy, rbac, scheduling};
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
     let api_version = doc
@@ -148,9 +149,15 @@ pub fn check(doc: &Value) -> Result<Checked, String> {
         ("v1", "Node") => round_trip::<core::v1::Node>(doc),
         ("v1", "ResourceQuota") => round_trip::<core::v1::ResourceQuota>(doc),
         ("v1", "Secret") => round_trip::<core::v1::Secret>(doc),
-        ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration") => round_trip::<
-            k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration,
-        >(doc),
+        ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration") => {
+            round_trip::<admission::MutatingWebhookConfiguration>(doc)
+        }
+        ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy") => {
+            round_trip::<admission::ValidatingAdmissionPolicy>(doc)
+        }
+        ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding") => {
+            round_trip::<admission::ValidatingAdmissionPolicyBinding>(doc)
+        }
         ("apps/v1", "Deployment") => round_trip::<apps::v1::Deployment>(doc),
         ("apps/v1", "DaemonSet") => round_trip::<apps::v1::DaemonSet>(doc),
         ("apps/v1", "StatefulSet") => round_trip::<apps::v1::StatefulSet>(doc),

@@ -46,3 +46,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "tessera.agent.user" -}}
 system:serviceaccount:{{ .Release.Namespace }}:{{ include "tessera.agent.name" . }}
 {{- end -}}
+
+{{/* The username the coordinator's ServiceAccount acts as. */}}
+{{- define "tessera.coordinator.user" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "tessera.coordinator.name" . }}
+{{- end -}}

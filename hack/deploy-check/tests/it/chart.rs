@@ -185,6 +185,8 @@ fn every_yaml_under_deploy_and_examples_parses_into_its_kind() {
         "Topology",
         "Pod",
         "Job",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ] {
         assert!(
             kinds_seen.contains(kind),
@@ -278,7 +280,13 @@ fn default_render_has_the_promised_shape() {
         assert_eq!(pc["value"], value);
         assert_eq!(value < 100, preemptible, "{name}");
     }
-    assert_eq!(find(&docs, "Queue", "default")["spec"]["gpu"]["quota"], 0);
+    let queue = find(&docs, "Queue", "default");
+    assert_eq!(queue["spec"]["gpu"]["quota"], 0);
+    assert!(
+        queue["spec"].get("namespaces").is_none()
+            && queue["spec"].get("namespaceSelector").is_none(),
+        "the default queue admits every namespace: {queue}"
+    );
     assert_eq!(
         find(&docs, "Service", "tessera-coordinator")["spec"]["ports"][0]["port"],
         7070
@@ -288,6 +296,63 @@ fn default_render_has_the_promised_shape() {
         9090
     );
     assert!(!docs.iter().any(|(_, d)| d["kind"] == "ServiceMonitor"));
+
+    // The protected keys' policy, bound with Deny, exempting exactly Tessera's two accounts.
+    let policy = find(&docs, "ValidatingAdmissionPolicy", "tessera-protected-keys");
+    assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+    let exemption = policy["spec"]["matchConditions"][0]["expression"]
+        .as_str()
+        .unwrap();
+    assert!(
+        exemption.contains("'system:serviceaccount:tessera-system:tessera-coordinator'")
+            && exemption.contains("'system:serviceaccount:tessera-system:tessera-agent'"),
+        "{exemption}"
+    );
+    let binding = find(
+        &docs,
+        "ValidatingAdmissionPolicyBinding",
+        "tessera-protected-keys",
+    );
+    assert_eq!(binding["spec"]["policyName"], "tessera-protected-keys");
+    assert_eq!(
+        binding["spec"]["validationActions"],
+        serde_json::json!(["Deny"])
+    );
+}
+
+/// The CEL list literal `['a', 'b']` as its strings.
+fn cel_strings(list: &str) -> Vec<String> {
+    list.trim()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .split(',')
+        .map(|k| k.trim().trim_matches('\'').to_string())
+        .filter(|k| !k.is_empty())
+        .collect()
+}
+
+/// The admission policy protects exactly the contract's keys (tessera_contract::keys): the
+/// chart's lists are generated from them, and this fails when the generated template is stale
+/// or the policy reads another list.
+#[test]
+fn the_admission_policy_protects_exactly_the_contracts_keys() {
+    use tessera_contract::keys;
+    let docs = render(&[]);
+    let policy = find(&docs, "ValidatingAdmissionPolicy", "tessera-protected-keys");
+    let variable = |name: &str| -> Vec<String> {
+        let vars = policy["spec"]["variables"].as_array().unwrap();
+        let v = vars
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("no variable {name}"));
+        cel_strings(v["expression"].as_str().unwrap())
+    };
+    assert_eq!(variable("writtenByTessera"), keys::WRITTEN_BY_TESSERA);
+    assert_eq!(
+        variable("fixedAnnotations"),
+        keys::FIXED_ONCE_BOUND_ANNOTATIONS
+    );
+    assert_eq!(variable("fixedLabels"), keys::FIXED_ONCE_BOUND_LABELS);
 }
 
 #[test]
@@ -351,7 +416,22 @@ fn chart_renders_with_test_values() {
     );
 
     assert_eq!(find(&docs, "PriorityClass", "batch-low")["value"], 10);
-    assert_eq!(find(&docs, "Queue", "default")["spec"]["gpu"]["quota"], 4);
+    let queue = find(&docs, "Queue", "default");
+    assert_eq!(queue["spec"]["gpu"]["quota"], 4);
+    assert_eq!(
+        queue["spec"]["namespaces"],
+        serde_json::json!(["ml-research"])
+    );
+    assert_eq!(
+        queue["spec"]["namespaceSelector"]["matchExpressions"][0]["operator"],
+        "Exists"
+    );
+    assert!(
+        !docs
+            .iter()
+            .any(|(_, d)| d["kind"] == "ValidatingAdmissionPolicy"),
+        "admissionPolicy.enabled=false"
+    );
     for name in ["tessera-coordinator", "tessera-agent"] {
         let sm = find(&docs, "ServiceMonitor", name);
         assert_eq!(sm["metadata"]["labels"]["release"], "prometheus");
@@ -593,20 +673,7 @@ async fn helm_install_creates_every_object_of_the_chart() {
     let cluster = tokio::task::block_in_place(|| Cluster::start(ClusterOptions::default()));
     let kubeconfig = cluster.admin_kubeconfig();
     let chart = chart_dir();
-    let out = tokio::task::block_in_place(|| {
-        tessera_testcluster::helm(
-            &[
-                "install",
-                "tessera",
-                &chart.to_string_lossy(),
-                "--namespace",
-                common::NAMESPACE,
-                "--create-namespace",
-                "--wait=false",
-            ],
-            Some(&kubeconfig),
-        )
-    });
+    let out = common::helm_install(&kubeconfig);
     assert!(
         out.success,
         "helm install failed:\n{}\n{}\n{}",
@@ -687,6 +754,18 @@ async fn helm_install_creates_every_object_of_the_chart() {
                 .is_ok(),
             "MutatingWebhookConfiguration" => Api::<
                 k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration,
+            >::all(client.clone())
+            .get(name)
+            .await
+            .is_ok(),
+            "ValidatingAdmissionPolicy" => Api::<
+                k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy,
+            >::all(client.clone())
+            .get(name)
+            .await
+            .is_ok(),
+            "ValidatingAdmissionPolicyBinding" => Api::<
+                k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding,
             >::all(client.clone())
             .get(name)
             .await

@@ -1,5 +1,6 @@
 //! The deployment checks, one binary with a module per area: the chart through the real helm
-//! and API server, RBAC, admission, metrics and the examples. `common` is the shared harness.
+//! and API server, RBAC, admission (Pod Security, the protected keys), metrics and the
+//! examples. `common` is the shared harness.
 
 mod common;
 
@@ -7,4 +8,5 @@ mod admission;
 mod chart;
 mod examples;
 mod metrics;
+mod protected_keys;
 mod rbac;

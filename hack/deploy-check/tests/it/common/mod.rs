@@ -54,6 +54,26 @@ pub(crate) fn chart_dir() -> PathBuf {
     repo().join(manifests::CHART_DIR)
 }
 
+/// `helm install tessera` of the chart with its default values into the cluster of admin
+/// kubeconfig `kubeconfig`, in [`NAMESPACE`] (created), not waiting for the workloads.
+pub(crate) fn helm_install(kubeconfig: &Path) -> tessera_testcluster::HelmOutput {
+    let chart = chart_dir();
+    tokio::task::block_in_place(|| {
+        tessera_testcluster::helm(
+            &[
+                "install",
+                "tessera",
+                &chart.to_string_lossy(),
+                "--namespace",
+                NAMESPACE,
+                "--create-namespace",
+                "--wait=false",
+            ],
+            Some(kubeconfig),
+        )
+    })
+}
+
 /// `helm template` of the chart with default values (CRDs included), as JSON documents.
 pub(crate) fn default_render() -> Vec<Value> {
     render_with(&[])
@@ -227,9 +247,10 @@ impl Harness {
     }
 
     /// What `helm install` creates that the components need: the namespace, the CRDs
-    /// (Established before anything else), the ServiceAccounts and RBAC, the PriorityClasses
-    /// and the default Queue. The workloads (Deployment, DaemonSet) are left out: the test
-    /// runs the components itself.
+    /// (Established before anything else), the ServiceAccounts and RBAC, the PriorityClasses,
+    /// the default Queue and the admission policy that protects Tessera's keys (so the
+    /// components' own writes go through it). The workloads (Deployment, DaemonSet) are left
+    /// out: the test runs the components itself.
     async fn install(&self, docs: &[Value]) {
         self.apply(
             &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}),
@@ -256,6 +277,8 @@ impl Harness {
             "RoleBinding",
             "PriorityClass",
             "Queue",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
         ] {
             for doc in docs.iter().filter(|d| d["kind"] == kind) {
                 self.apply(doc).await;
