@@ -54,6 +54,10 @@ async fn env() -> Env {
     for (_, crd) in tessera_coordinator::crd::all() {
         crds.create(&PostParams::default(), &crd).await.unwrap();
     }
+    for (_, crd) in tessera_coordinator::crd::all() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        tessera_testcluster::wait_crd_established(&client, &name).await;
+    }
     Env {
         server,
         nodes: Vec::new(),

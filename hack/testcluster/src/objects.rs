@@ -50,17 +50,35 @@ pub async fn apply(client: &kube::Client, doc: &Value) -> DynamicObject {
         .unwrap_or_else(|e| panic!("creating {kind} {:?}: {e}", doc["metadata"]["name"]))
 }
 
-/// Waits until CRD `name` has condition `Established=True`: before that, creating its
-/// objects fails with "the server could not find the requested resource".
+/// Waits until CRD `name` has condition `Established=True` and its objects are served: the
+/// condition comes first and the API server installs the resource's handler a moment later
+/// (on a loaded machine, long enough for a create in between to get `404 page not found`), so
+/// the wait ends only once a list of the resource answers.
 pub async fn wait_crd_established(client: &kube::Client, name: &str) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    eventually(&format!("CRD {name} to be Established"), || async {
+    let crd = eventually(&format!("CRD {name} to be Established"), || async {
         let crd = crds.get(name).await.ok()?;
-        crd.status?
-            .conditions?
+        crd.status
+            .as_ref()?
+            .conditions
+            .as_ref()?
             .iter()
             .any(|c| c.type_ == "Established" && c.status == "True")
-            .then_some(())
+            .then_some(crd)
+    })
+    .await;
+    let spec = &crd.spec;
+    let Some(version) = spec.versions.iter().find(|v| v.served) else {
+        return;
+    };
+    let gvk = GroupVersionKind::gvk(&spec.group, &version.name, &spec.names.kind);
+    let resource = kube::api::ApiResource::from_gvk_with_plural(&gvk, &spec.names.plural);
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    eventually(&format!("CRD {name}'s objects to be served"), || async {
+        api.list(&kube::api::ListParams::default().limit(1))
+            .await
+            .ok()
+            .map(|_| ())
     })
     .await;
 }

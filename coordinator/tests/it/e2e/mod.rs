@@ -716,6 +716,11 @@ async fn apply_crds(client: &kube::Client) {
             .await
             .unwrap_or_else(|e| panic!("applying CRD {name}: {e}"));
     }
+    // The default queue and the tests' objects are created right after: only once served.
+    for (_, crd) in tessera_coordinator::crd::all() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        tessera_testcluster::wait_crd_established(client, &name).await;
+    }
 }
 
 /// Open connections through the agent Service: the replica each goes to, and its task.
