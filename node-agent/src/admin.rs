@@ -56,7 +56,7 @@ pub struct PodShare {
     pub share_percent: u32,
     /// Memory limit, MiB.
     pub memory_limit_mib: u64,
-    /// Pod UID, when the assignment source knows it.
+    /// Pod UID, as the ledger recorded it (absent while unknown).
     #[serde(default)]
     pub pod_uid: Option<String>,
     /// Measured memory of the pod's processes on this GPU, MiB; `None` when the pod's
@@ -199,7 +199,7 @@ impl AdminContext {
                         .filter(|g| g.uuid == d.uuid || mig_uuids.contains(&g.uuid.as_str()))
                     {
                         used += if a.is_whole() { shares } else { 1 };
-                        let pod_uid = self.meter.pod_uid(a.pod.as_ref());
+                        let pod_uid = a.pod_uid.as_ref().map(|u| u.as_str().to_owned());
                         let measured = pod_uid
                             .as_ref()
                             .map(|uid| usage.pods.get(uid).copied().unwrap_or_default());

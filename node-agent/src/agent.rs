@@ -246,7 +246,6 @@ async fn run(
     let watchdog = config.watchdog.and_then(|settings| {
         crate::enforce::watchdog::start_for_node(
             &node,
-            Arc::clone(&config.source),
             config.proc_root.clone(),
             settings,
             Arc::clone(&config.events),
@@ -327,11 +326,23 @@ async fn run(
         let socket = config.pod_resources_socket.clone();
         let every = config.reconcile_every;
         let grace_ms = config.reconcile_grace.as_millis() as u64;
+        let mut synced = source.synced();
         background.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.tick().await;
+            // Adoption waits for the source's first list of the node's pods: reconcile the
+            // moment it arrives rather than a whole period later.
+            let mut awaiting_list = !*synced.borrow_and_update();
             loop {
-                tick.tick().await;
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    changed = synced.changed(), if awaiting_list => {
+                        awaiting_list = changed.is_ok() && !*synced.borrow_and_update();
+                        if awaiting_list {
+                            continue;
+                        }
+                    }
+                }
                 if !socket.exists() {
                     continue;
                 }
@@ -346,8 +357,8 @@ async fn run(
     if let Some(mut departures) = config.source.departures() {
         let node = Arc::clone(&node);
         background.push(tokio::spawn(async move {
-            while let Some(pod) = departures.recv().await {
-                node.release_departed(&pod);
+            while let Some(uid) = departures.recv().await {
+                node.release_departed(&uid);
             }
         }));
     }
@@ -382,6 +393,19 @@ fn held_ids(node: &Node) -> std::collections::BTreeSet<u64> {
         .collect()
 }
 
+/// Attaches every MPS allocation of the ledger (recorded `mps` at Allocate, or adopted so)
+/// to its GPU's daemon.
+fn attach_mps_clients(node: &Node, mps: &crate::enforce::mps::MpsManager) {
+    use tessera_contract::Isolation;
+    for a in node.ledger.lock().allocations() {
+        if a.isolation == Isolation::Mps && a.origin == crate::ledger::Origin::Assigned {
+            for g in &a.grants {
+                mps.attach(&g.uuid, a.id);
+            }
+        }
+    }
+}
+
 /// The MPS manager (re-attached to the recovered MPS allocations, adopting the daemons
 /// a previous agent left) and the MIG manager when creation is on.
 fn isolation_managers(
@@ -391,20 +415,9 @@ fn isolation_managers(
     Arc<crate::enforce::mps::MpsManager>,
     Option<Arc<crate::enforce::mig::MigManager>>,
 ) {
-    use tessera_contract::Isolation;
     let mps = Arc::new(crate::enforce::mps::MpsManager::new(config.mps.clone()));
     mps.adopt_running();
-    for a in node.ledger.lock().allocations() {
-        let is_mps = a
-            .pod
-            .as_ref()
-            .is_some_and(|p| config.source.isolation(p) == Some(Isolation::Mps));
-        if is_mps && a.origin == crate::ledger::Origin::Assigned {
-            for g in &a.grants {
-                mps.attach(&g.uuid, a.id);
-            }
-        }
-    }
+    attach_mps_clients(node, &mps);
     let mig = config.mig.create.then(|| {
         let mig = crate::enforce::mig::MigManager::new(
             Arc::clone(node.backend()),
@@ -427,9 +440,13 @@ fn supervise_isolation(
     let mut tasks = Vec::new();
     {
         let node = Arc::clone(node);
-        tasks.push(tokio::spawn(
-            Arc::clone(mps).supervise(move || held_ids(&node)),
-        ));
+        let clients = Arc::clone(mps);
+        tasks.push(tokio::spawn(Arc::clone(mps).supervise(move || {
+            // MPS allocations the reconcile adopted after start (a lost checkpoint) are
+            // clients too: their daemon is kept alive and restarted like any other's.
+            attach_mps_clients(&node, &clients);
+            held_ids(&node)
+        })));
     }
     if let Some(mig) = mig {
         let (mig, node, every) = (Arc::clone(mig), Arc::clone(node), config.mig.sweep_every);

@@ -3,10 +3,10 @@
 //! pod access in the API at all: the coordinator already watches every pod.
 //!
 //! Each `NodePods` is a full snapshot from a complete cache, so a pod missing from it is
-//! gone (deleted or finished) and departs: the stream releases its shares before the
-//! snapshot takes effect ([`CoordinatorPods::gone_in`], then [`CoordinatorPods::apply`]), so a
-//! pod that arrives in the same snapshot on a GPU the departed one held is never refused as
-//! an overcommit.
+//! gone (deleted or finished) and departs, by UID: the stream releases its shares before the
+//! snapshot takes effect ([`CoordinatorPods::receive`]), so a pod that arrives in the same
+//! snapshot on a GPU the departed one held is never refused as an overcommit. A pod deleted
+//! and created again under the same name is a departure and a new pod.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -15,11 +15,9 @@ use parking_lot::RwLock;
 use tessera_proto::tessera::v1 as pb;
 use tokio::sync::watch;
 
-use crate::assignments::{AssignmentSource, PendingPod};
-use crate::ledger::PodRef;
+use crate::assignments::{AssignmentSource, ListedPod, PendingPod};
+use crate::ledger::{PodRef, PodUid};
 use crate::pod_table::{BoundPod, PodTable, RawPod};
-use tessera_contract::Assignment;
-use tessera_contract::Isolation;
 
 /// The node's pods from the coordinator.
 pub struct CoordinatorPods {
@@ -43,51 +41,42 @@ impl CoordinatorPods {
         }
     }
 
-    /// The pods of the table that `message` lacks: gone from the API, to be released
-    /// before the snapshot is applied.
-    pub fn gone_in(&self, message: &pb::NodePods) -> Vec<PodRef> {
-        let present: BTreeSet<PodRef> = message
-            .pods
-            .iter()
-            .map(|p| PodRef::new(&p.namespace, &p.name))
-            .collect();
+    /// The pods of the table, by UID, that `message` lacks: gone from the API, to be
+    /// released before the snapshot is applied. A pod created again under the same name
+    /// is another UID: the old one departs, the new one is a new pod.
+    pub fn gone_in(&self, message: &pb::NodePods) -> Vec<PodUid> {
+        let present: BTreeSet<&str> = message.pods.iter().map(|p| p.uid.as_str()).collect();
         self.table
             .read()
-            .keys()
-            .filter(|k| !present.contains(*k))
+            .uids()
+            .filter(|k| !present.contains(k.as_str()))
             .cloned()
             .collect()
     }
 
     /// Takes in one snapshot; unreadable pods are logged and get nothing.
     pub fn apply(&self, message: &pb::NodePods) {
-        let mut pods = Vec::new();
-        for p in &message.pods {
-            let pod = PodRef::new(&p.namespace, &p.name);
-            let raw = RawPod {
-                pod: pod.clone(),
-                uid: &p.uid,
-                created_unix_ms: u64::try_from(p.created_unix_ms).unwrap_or(0),
-                containers: p
-                    .containers
-                    .iter()
-                    .map(|c| (c.name.clone(), c.gpus))
-                    .collect(),
-                assignment: (!p.assignment.is_empty()).then_some(p.assignment.as_str()),
-                isolation: (!p.isolation.is_empty()).then_some(p.isolation.as_str()),
-                terminating: p.terminating,
-                started: p.started,
-            };
-            match BoundPod::read(raw) {
-                Ok(Some(entry)) => pods.push(entry),
-                Ok(None) => {}
+        let pods = read_node_pods(message)
+            .into_iter()
+            .filter_map(|(pod, read)| match read {
+                Ok(entry) => entry,
                 Err(reason) => {
-                    tracing::warn!(%pod, %reason, "ignoring pod with an unreadable GPU request")
+                    tracing::warn!(%pod, %reason, "ignoring pod with an unreadable GPU request");
+                    None
                 }
-            }
-        }
+            });
         self.table.write().replace(pods);
         self.synced.send_replace(true);
+    }
+
+    /// Takes in one snapshot from the stream: the pods it lacks depart first (their
+    /// shares are released on `node`), since a pod arriving in the same snapshot may have
+    /// been placed on what they held; then the snapshot takes effect.
+    pub fn receive(&self, node: &crate::node::Node, message: &pb::NodePods) {
+        for gone in self.gone_in(message) {
+            node.release_departed(&gone);
+        }
+        self.apply(message);
     }
 
     /// Waits until the first snapshot arrived; false on timeout.
@@ -99,25 +88,49 @@ impl CoordinatorPods {
     }
 }
 
+/// Reads every pod of `message` as the agent keeps it: `Ok(None)` for a pod without GPU
+/// containers, `Err` naming the field that cannot be read. The one reader of `NodePods`.
+pub fn read_node_pods(message: &pb::NodePods) -> Vec<(PodRef, Result<Option<BoundPod>, String>)> {
+    message
+        .pods
+        .iter()
+        .map(|p| {
+            let pod = PodRef::new(&p.namespace, &p.name);
+            let raw = RawPod {
+                pod: pod.clone(),
+                uid: &p.uid,
+                // A time before 1970 is as old as can be: such a pod goes first.
+                created_unix_ms: u64::try_from(p.created_unix_ms).unwrap_or(0),
+                containers: p
+                    .containers
+                    .iter()
+                    .map(|c| (c.name.clone(), c.gpus))
+                    .collect(),
+                assignment: (!p.assignment.is_empty()).then_some(p.assignment.as_str()),
+                isolation: (!p.isolation.is_empty()).then_some(p.isolation.as_str()),
+                terminating: p.terminating,
+                started: p.started,
+            };
+            (pod, BoundPod::read(raw))
+        })
+        .collect()
+}
+
 impl AssignmentSource for CoordinatorPods {
     fn kind(&self) -> &'static str {
         "coordinator"
+    }
+
+    fn synced(&self) -> watch::Receiver<bool> {
+        self.synced.subscribe()
     }
 
     fn pending(&self) -> Vec<PendingPod> {
         self.table.read().pending()
     }
 
-    fn assignment_of(&self, pod: &PodRef) -> Option<Assignment> {
-        self.table.read().assignment_of(pod)
-    }
-
-    fn pod_uid(&self, pod: &PodRef) -> Option<String> {
-        self.table.read().pod_uid(pod)
-    }
-
-    fn isolation(&self, pod: &PodRef) -> Option<Isolation> {
-        self.table.read().isolation(pod)
+    fn listed(&self, pod: &PodRef) -> Option<ListedPod> {
+        self.table.read().listed(pod)
     }
 }
 
@@ -144,6 +157,7 @@ mod tests {
     async fn snapshots_replace_the_table_and_missing_pods_depart() {
         let source = CoordinatorPods::new();
         assert!(!source.wait_synced(Duration::from_millis(1)).await);
+        assert!(!*source.synced().borrow());
         source.apply(&pb::NodePods {
             pods: vec![bound("b", 2, 1), bound("a", 1, 1)],
         });
@@ -151,21 +165,37 @@ mod tests {
         let names: Vec<String> = source.pending().into_iter().map(|p| p.pod.name).collect();
         assert_eq!(names, ["a", "b"]);
         assert_eq!(
-            source.pod_uid(&PodRef::new("ml", "a")).as_deref(),
-            Some("uid-a")
+            source.listed(&PodRef::new("ml", "a")).map(|l| l.uid),
+            Some(PodUid::new("uid-a"))
         );
         let mut started = bound("a", 1, 1);
         started.started = true;
         let next = pb::NodePods {
             pods: vec![started],
         };
-        assert_eq!(source.gone_in(&next), [PodRef::new("ml", "b")]);
+        assert_eq!(source.gone_in(&next), [PodUid::new("uid-b")]);
         source.apply(&next);
         assert!(source.pending().is_empty());
         assert!(
-            source.assignment_of(&PodRef::new("ml", "a")).is_some(),
+            source
+                .listed(&PodRef::new("ml", "a"))
+                .is_some_and(|l| l.assignment.is_some()),
             "a started pod keeps its assignment for re-learning"
         );
+    }
+
+    #[test]
+    fn a_pod_created_again_under_its_name_is_a_departure_and_a_new_pod() {
+        let source = CoordinatorPods::new();
+        source.apply(&pb::NodePods {
+            pods: vec![bound("a", 1, 1)],
+        });
+        let mut again = bound("a", 5, 1);
+        again.uid = "uid-a-2".into();
+        let next = pb::NodePods { pods: vec![again] };
+        assert_eq!(source.gone_in(&next), [PodUid::new("uid-a")]);
+        source.apply(&next);
+        assert_eq!(source.pending()[0].uid, PodUid::new("uid-a-2"));
     }
 
     #[test]
