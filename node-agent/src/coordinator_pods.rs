@@ -211,4 +211,133 @@ mod tests {
         source.apply(&bad);
         assert!(source.pending().is_empty());
     }
+
+    mod fuzz {
+        //! `NodePods` as the agent reads it, from any bytes on the wire and from any field
+        //! values: never a panic; a pod is kept only with a UID, a readable isolation and an
+        //! assignment within range, and refused naming the field otherwise.
+
+        use super::*;
+        use proptest::prelude::*;
+        use prost::Message as _;
+        use tessera_contract::assignment::MAX_MEMORY_MIB;
+        use tessera_contract::{Assignment, Isolation};
+
+        fn assignment_text() -> impl Strategy<Value = String> {
+            prop_oneof![
+                Just(String::new()),
+                "\\PC{0,40}",
+                (
+                    "[a-z]{0,6}",
+                    "[ -~]{0,10}",
+                    prop_oneof![any::<u64>(), 0..100_000u64],
+                    prop_oneof![any::<u32>(), 0..1500u32]
+                )
+                    .prop_map(|(container, uuid, mib, milli)| {
+                        serde_json::json!({"containers": [{"container": container, "gpus": [
+                            {"uuid": uuid, "memory_mib": mib, "compute_milli": milli}]}]})
+                        .to_string()
+                    }),
+            ]
+        }
+
+        fn bound_pod() -> impl Strategy<Value = pb::BoundPod> {
+            (
+                prop_oneof![Just(String::new()), "[a-f0-9-]{1,40}", "x{120,140}"],
+                "[a-z]{0,4}",
+                "[a-z]{0,4}",
+                any::<i64>(),
+                prop::collection::vec(("[a-z]{0,4}", prop_oneof![0..3u32, any::<u32>()]), 0..4),
+                assignment_text(),
+                prop_oneof![Just(String::new()), "(watchdog|mps|mig|none|\\PC{0,12})"],
+                any::<bool>(),
+                any::<bool>(),
+            )
+                .prop_map(
+                    |(
+                        uid,
+                        namespace,
+                        name,
+                        created,
+                        containers,
+                        assignment,
+                        isolation,
+                        terminating,
+                        started,
+                    )| {
+                        pb::BoundPod {
+                            uid,
+                            namespace,
+                            name,
+                            created_unix_ms: created,
+                            containers: containers
+                                .into_iter()
+                                .map(|(name, gpus)| pb::BoundContainer { name, gpus })
+                                .collect(),
+                            assignment,
+                            isolation,
+                            terminating,
+                            started,
+                        }
+                    },
+                )
+        }
+
+        fn check(message: &pb::NodePods) -> Result<(), TestCaseError> {
+            for (raw, (pod, read)) in message.pods.iter().zip(read_node_pods(message)) {
+                prop_assert_eq!(pod, PodRef::new(&raw.namespace, &raw.name));
+                match read {
+                    Ok(None) => prop_assert!(raw.containers.iter().all(|c| c.gpus == 0)),
+                    Ok(Some(p)) => {
+                        prop_assert!(!raw.uid.is_empty() && raw.uid.len() <= 128);
+                        prop_assert_eq!(p.uid().as_str(), raw.uid.as_str());
+                        if !raw.isolation.is_empty() {
+                            prop_assert_eq!(
+                                Ok(p.pending.isolation),
+                                Isolation::parse(&raw.isolation)
+                            );
+                        }
+                        for g in p.assignment.iter().flat_map(Assignment::slices) {
+                            prop_assert!((1..=1000).contains(&g.compute_milli));
+                            prop_assert!(g.memory_mib <= MAX_MEMORY_MIB);
+                        }
+                    }
+                    Err(e) => prop_assert!(
+                        e.starts_with("uid: ")
+                            || e.starts_with("tessera.dev/assignment: ")
+                            || e.starts_with("tessera.dev/isolation: "),
+                        "{e}"
+                    ),
+                }
+            }
+            // Taken in whole: the table answers without panicking.
+            let source = CoordinatorPods::new();
+            source.apply(message);
+            let _ = source.gone_in(&pb::NodePods::default());
+            for p in source.pending() {
+                prop_assert!(source.listed(&p.pod).is_some());
+            }
+            Ok(())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            #[test]
+            fn any_node_pods_message_is_read_or_refused_by_field(
+                pods in prop::collection::vec(bound_pod(), 0..6)
+            ) {
+                check(&pb::NodePods { pods })?;
+            }
+
+            #[test]
+            fn any_bytes_on_the_wire_decode_or_fail_without_a_panic(
+                bytes in prop::collection::vec(any::<u8>(), 0..400)
+            ) {
+                if let Ok(message) = pb::NodePods::decode(bytes.as_slice()) {
+                    check(&message)?;
+                }
+            }
+        }
+    }
 }
