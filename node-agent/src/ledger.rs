@@ -569,6 +569,23 @@ impl Ledger {
                 continue;
             }
             match adopt(c) {
+                // The kubelet lists pods by name: slots a pod of this name holds while the
+                // pod the source lists under it already has this container allocated are an
+                // earlier pod's of the same name, not being torn down yet.
+                Ok(Adoption {
+                    pod_uid: Some(uid), ..
+                }) if self.has_container(&uid, &c.container)
+                    || adopted.iter().any(|a: &Allocation| {
+                        a.pod_uid.as_ref() == Some(&uid)
+                            && a.container.as_ref() == Some(&c.container)
+                    }) =>
+                {
+                    report.waiting.push(format!(
+                        "{}/{}: pod {uid} already holds this container's allocation; these slots are \
+                         an earlier pod's of the same name",
+                        c.pod, c.container
+                    ));
+                }
                 Ok(how) => adopted.push(Allocation {
                     id: 0,
                     resource: c.resource.clone(),
@@ -838,6 +855,39 @@ mod tests {
                 .is_empty()
         );
         assert_eq!(ledger.release_pod(&PodUid::new("first")).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn slots_of_an_earlier_pod_of_the_same_name_are_not_adopted_for_the_current_one() {
+        let mut ledger = Ledger::in_memory();
+        let mut current = alloc(&["GPU-a-1"], "GPU-a", 500, Origin::Assigned, 0);
+        current.pod = Some(PodRef::new("ml", "a"));
+        current.pod_uid = Some(PodUid::new("uid-a"));
+        current.container = Some("main".into());
+        ledger.insert(current).unwrap();
+        // The kubelet still lists the earlier ml/a (being torn down) holding another slot.
+        let report = ledger
+            .reconcile(
+                &[
+                    listed("ml", "a", &["GPU-a-1"]),
+                    listed("ml", "a", &["GPU-a-0"]),
+                ],
+                0,
+                0,
+                uid_of,
+                |c| {
+                    Ok(Adoption {
+                        pod_uid: uid_of(&c.pod),
+                        grants: vec![],
+                        origin: Origin::Assigned,
+                        isolation: Isolation::Watchdog,
+                    })
+                },
+            )
+            .unwrap();
+        assert!(report.adopted.is_empty(), "{report:?}");
+        assert_eq!(report.waiting.len(), 1);
+        assert_eq!(ledger.allocations().len(), 1);
     }
 
     #[test]
