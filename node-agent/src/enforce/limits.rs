@@ -74,61 +74,50 @@ mod tests {
     use super::*;
     use crate::ledger::{Allocation, Grant, Origin};
 
-    fn alloc(
-        pod: Option<(&str, &str)>,
-        container: &str,
-        uuid: &str,
-        mib: u64,
-        milli: u32,
-        isolation: Isolation,
-    ) -> Allocation {
-        Allocation {
-            id: 0,
-            resource: "nvidia.com/gpu".into(),
-            slots: vec![format!("{uuid}-{container}")],
-            grants: vec![Grant {
-                uuid: uuid.into(),
-                memory_mib: mib,
-                compute_milli: milli,
-            }],
-            pod: pod.map(|(name, _)| PodRef::new("ml", name)),
-            pod_uid: pod.and_then(|(_, uid)| (!uid.is_empty()).then(|| PodUid::new(uid))),
-            container: Some(container.into()),
-            isolation,
-            origin: Origin::Assigned,
-            at_unix_ms: 0,
+    /// One container's allocation: (pod name, UID; `None` for no pod, `""` for an unknown
+    /// UID), container, GPU, MiB, milli, isolation.
+    type Row<'a> = (
+        Option<(&'a str, &'a str)>,
+        &'a str,
+        &'a str,
+        u64,
+        u32,
+        Isolation,
+    );
+
+    fn ledger_of(rows: &[Row<'_>]) -> Ledger {
+        let mut ledger = Ledger::in_memory();
+        for &(pod, container, uuid, mib, milli, isolation) in rows {
+            ledger
+                .insert(Allocation {
+                    id: 0,
+                    resource: "nvidia.com/gpu".into(),
+                    slots: vec![format!("{uuid}-{container}")],
+                    grants: vec![Grant {
+                        uuid: uuid.into(),
+                        memory_mib: mib,
+                        compute_milli: milli,
+                    }],
+                    pod: pod.map(|(name, _)| PodRef::new("ml", name)),
+                    pod_uid: pod.and_then(|(_, uid)| (!uid.is_empty()).then(|| PodUid::new(uid))),
+                    container: Some(container.into()),
+                    isolation,
+                    origin: Origin::Assigned,
+                    at_unix_ms: 0,
+                })
+                .unwrap();
         }
+        ledger
     }
 
     #[test]
     fn sums_containers_and_skips_what_cannot_be_attributed() {
-        let mut ledger = Ledger::in_memory();
-        for x in [
-            alloc(
-                Some(("a", "uid-a")),
-                "c1",
-                "GPU-0",
-                1000,
-                300,
-                Isolation::Mps,
-            ),
-            alloc(
-                Some(("a", "uid-a")),
-                "c2",
-                "GPU-0",
-                500,
-                200,
-                Isolation::Mps,
-            ),
-            alloc(
-                Some(("a", "uid-a")),
-                "c3",
-                "MIG-x",
-                500,
-                200,
-                Isolation::Mps,
-            ),
-            alloc(
+        let a = Some(("a", "uid-a"));
+        let ledger = ledger_of(&[
+            (a, "c1", "GPU-0", 1000, 300, Isolation::Mps),
+            (a, "c2", "GPU-0", 500, 200, Isolation::Mps),
+            (a, "c3", "MIG-x", 500, 200, Isolation::Mps),
+            (
                 Some(("b", "")),
                 "c1",
                 "GPU-0",
@@ -136,10 +125,8 @@ mod tests {
                 100,
                 Isolation::Watchdog,
             ),
-            alloc(None, "c1", "GPU-0", 100, 100, Isolation::Watchdog),
-        ] {
-            ledger.insert(x).unwrap();
-        }
+            (None, "c1", "GPU-0", 100, 100, Isolation::Watchdog),
+        ]);
         let limits = pod_limits(&ledger, &["GPU-0", "GPU-1"]);
         assert_eq!(
             limits,
@@ -156,36 +143,13 @@ mod tests {
 
     #[test]
     fn a_pod_is_as_enforced_as_its_most_enforced_container_and_pods_of_one_name_stay_apart() {
-        let mut ledger = Ledger::in_memory();
-        for x in [
-            alloc(
-                Some(("a", "uid-a")),
-                "c1",
-                "GPU-0",
-                100,
-                100,
-                Isolation::None,
-            ),
-            alloc(
-                Some(("a", "uid-a")),
-                "c2",
-                "GPU-0",
-                100,
-                100,
-                Isolation::Watchdog,
-            ),
+        let (a, again) = (Some(("a", "uid-a")), Some(("a", "uid-a2")));
+        let ledger = ledger_of(&[
+            (a, "c1", "GPU-0", 100, 100, Isolation::None),
+            (a, "c2", "GPU-0", 100, 100, Isolation::Watchdog),
             // The same name, another pod (created again): its own limit.
-            alloc(
-                Some(("a", "uid-a2")),
-                "c1",
-                "GPU-0",
-                100,
-                100,
-                Isolation::None,
-            ),
-        ] {
-            ledger.insert(x).unwrap();
-        }
+            (again, "c1", "GPU-0", 100, 100, Isolation::None),
+        ]);
         let limits = pod_limits(&ledger, &["GPU-0"]);
         let got: Vec<(&str, Isolation, u64)> = limits
             .iter()

@@ -9,97 +9,31 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use common::shape;
+use common::{AgentProcess, proc_stat};
 use tessera_agent::admin::{self, Response};
 use tessera_testcluster::{eventually, until};
 
-const BIN: &str = env!("CARGO_BIN_EXE_tessera-agent");
-
-/// The agent process, killed (and reaped) when the test ends.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// A field of `/proc/<pid>/status` in kB (`VmHWM`: the peak resident set).
+fn status_kb(pid: u32, field: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in {text}"))
 }
 
-impl Running {
-    fn pid(&self) -> u32 {
-        self.0.id()
-    }
-
-    /// A field of `/proc/<pid>/status` in kB (`VmHWM`: the peak resident set).
-    fn status_kb(&self, field: &str) -> u64 {
-        let text = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{field}:")))
-            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {field} in {text}"))
-    }
-
-    /// CPU time used so far, in clock ticks (utime + stime of `/proc/<pid>/stat`).
-    fn cpu_ticks(&self) -> u64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap();
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .unwrap()
-            .1
-            .split_whitespace()
-            .collect();
-        fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
-    }
-
-    fn open_fds(&self) -> usize {
-        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
-            .map(|d| d.count())
-            .unwrap_or(0)
-    }
+/// How many files process `pid` holds open.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
-/// Runs the agent binary without a cluster in `dir`, its open files limited to `nofile`
-/// when given (through the shell's `ulimit`, which the agent then `exec`s into).
-fn run_agent(dir: &Path, nofile: Option<u32>) -> Running {
-    std::fs::create_dir_all(dir.join("dp")).unwrap();
-    let mut command = match nofile {
-        Some(n) => {
-            let mut c = Command::new("sh");
-            c.arg("-c")
-                .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
-                .arg(BIN);
-            c
-        }
-        None => Command::new(BIN),
-    };
-    command
-        .args([
-            "run",
-            "--node-name",
-            "node-a",
-            "--no-kube",
-            "--coordinator",
-            "none",
-            "--metrics-addr",
-            "none",
-        ])
-        .arg("--gpu-backend")
-        .arg(format!("sim:{}", shape("l40s-4x-pcie.yaml").display()))
-        .arg("--device-plugin-dir")
-        .arg(dir.join("dp"))
-        .arg("--pod-resources-socket")
-        .arg(dir.join("pr.sock"))
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .arg("--admin-socket")
-        .arg(dir.join("admin.sock"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    Running(command.spawn().unwrap())
+fn run_agent(dir: &Path, nofile: Option<u32>) -> AgentProcess {
+    AgentProcess::spawn(dir, "l40s-4x-pcie.yaml", nofile)
 }
 
 /// Waits until the agent at `socket` answers `status`.
@@ -172,7 +106,7 @@ async fn a_400_mib_request_line_leaves_the_agent_small_and_serving() {
     let agent = run_agent(dir.path(), None);
     let socket = dir.path().join("admin.sock");
     wait_serving(&socket).await;
-    let before_kb = agent.status_kb("VmHWM");
+    let before_kb = status_kb(agent.pid(), "VmHWM");
 
     // 400 MiB without a newline, streamed a MiB at a time (never held by the test): the
     // agent stops reading at its cap, answers and closes, and the writes fail from then on.
@@ -204,7 +138,7 @@ async fn a_400_mib_request_line_leaves_the_agent_small_and_serving() {
         answer.contains("request line longer than 4096 bytes"),
         "answer: {answer:?}"
     );
-    let after_kb = agent.status_kb("VmHWM");
+    let after_kb = status_kb(agent.pid(), "VmHWM");
     println!("agent peak RSS {before_kb} kB before, {after_kb} kB after");
     assert!(
         after_kb < before_kb + 32 * 1024,
@@ -266,7 +200,7 @@ async fn running_out_of_file_descriptors_backs_off_and_serves_again() {
     let agent = run_agent(dir.path(), Some(NOFILE));
     let socket = dir.path().join("admin.sock");
     wait_serving(&socket).await;
-    println!("the agent holds {} files at rest", agent.open_fds());
+    println!("the agent holds {} files at rest", open_fds(agent.pid()));
 
     // Connections that send nothing hold one descriptor each in the agent until its read
     // timeout: open them until the agent has none left (the rest wait in the backlog, and
@@ -278,16 +212,16 @@ async fn running_out_of_file_descriptors_backs_off_and_serves_again() {
                 held.push(s);
             }
         }
-        let full = agent.open_fds() >= NOFILE as usize - 1;
+        let full = open_fds(agent.pid()) >= NOFILE as usize - 1;
         async move { full.then_some(()) }
     })
     .await;
     // Over a few seconds out of descriptors, the agent sleeps between retries: a busy
     // accept loop would take a whole core.
-    let (ticks_before, at) = (agent.cpu_ticks(), std::time::Instant::now());
+    let (ticks_before, at) = (proc_stat(agent.pid()).1, std::time::Instant::now());
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
-    let (ticks, wall) = (agent.cpu_ticks() - ticks_before, at.elapsed());
-    let still_full = agent.open_fds() >= NOFILE as usize - 1;
+    let (ticks, wall) = (proc_stat(agent.pid()).1 - ticks_before, at.elapsed());
+    let still_full = open_fds(agent.pid()) >= NOFILE as usize - 1;
     println!(
         "{} connections open; the agent used {ticks} ticks of CPU in {wall:?}, still out of \
          descriptors: {still_full}",
@@ -307,7 +241,7 @@ async fn running_out_of_file_descriptors_backs_off_and_serves_again() {
     drop(held);
     wait_serving(&socket).await;
     until("the agent closes the connections it answered", || {
-        agent.open_fds() < NOFILE as usize / 2
+        open_fds(agent.pid()) < NOFILE as usize / 2
     })
     .await;
 }

@@ -5,7 +5,6 @@ use crate::common;
 use std::sync::Arc;
 
 use common::{Harness, WAIT, gpu_of, refs, share};
-use tessera_agent::agent::Agent;
 use tessera_agent::assignments::StaticAssignments;
 use tessera_agent::coordinator_pods::CoordinatorPods;
 use tessera_agent::ledger::{CHECKPOINT_FILE, Origin, PodRef, PodUid};
@@ -320,20 +319,6 @@ fn started(mut pod: pb::BoundPod) -> pb::BoundPod {
     pod
 }
 
-/// Restarts the agent of `h` on `pods` (the coordinator's stream, whose lists the test
-/// delivers), and returns the plugin generation it registers.
-async fn restart_on_coordinator_pods(
-    h: &mut Harness,
-    pods: &Arc<CoordinatorPods>,
-) -> Arc<tessera_device_plugin::testing::PluginConnection> {
-    let old = h.gpu_plugin().await;
-    h.stop_agent().await;
-    let mut config = h.config(pods.clone());
-    config.node_pods = Some(pods.clone());
-    h.agent = Some(Agent::start(config).await.unwrap());
-    h.new_gpu_plugin(&old).await
-}
-
 #[tokio::test]
 async fn a_lost_checkpoint_is_adopted_at_the_assigned_shares_once_the_coordinators_list_is_in() {
     let source = Arc::new(StaticAssignments::new());
@@ -348,16 +333,15 @@ async fn a_lost_checkpoint_is_adopted_at_the_assigned_shares_once_the_coordinato
     for damage in ["lost", "corrupt"] {
         // The agent dies and its checkpoint is lost or damaged; the kubelet still runs a and b.
         let pods = Arc::new(CoordinatorPods::new());
-        let old = h.gpu_plugin().await;
-        h.stop_agent().await;
-        match damage {
-            "lost" => std::fs::remove_file(&checkpoint).unwrap(),
-            _ => std::fs::write(&checkpoint, "{\"next_id\": 7, \"allocations\": [{\"id\"").unwrap(),
-        }
-        let mut config = h.config(pods.clone());
-        config.node_pods = Some(pods.clone());
-        h.agent = Some(Agent::start(config).await.unwrap());
-        let plugin = h.new_gpu_plugin(&old).await;
+        h.restart_agent_with(pods.clone(), |config, _| {
+            match damage {
+                "lost" => std::fs::remove_file(&checkpoint).unwrap(),
+                _ => std::fs::write(&checkpoint, "{\"next_id\": 7, \"allocations\": [{\"id\"")
+                    .unwrap(),
+            }
+            config.node_pods = Some(pods.clone());
+        })
+        .await;
         // Nothing is adopted before the coordinator's list: a and b would be taken whole.
         assert!(
             h.agent().node().ledger.lock().allocations().is_empty(),
@@ -396,14 +380,7 @@ async fn a_lost_checkpoint_is_adopted_at_the_assigned_shares_once_the_coordinato
             }
         }
         // And c, assigned to the same GPU, is admitted at its share.
-        let all = h.available(&plugin).await;
-        let slot = plugin
-            .preferred_allocation(&refs(&all), &[], 1)
-            .await
-            .unwrap();
-        assert_eq!(gpu_of(&slot[0]), g0);
-        let env = plugin.allocate_one(&refs(&slot)).await.unwrap().envs;
-        assert_eq!(env["TESSERA_GPU_MEMORY_LIMIT_MIB"], "10240", "{damage}");
+        assert_eq!(next_one_slot_limit(&h).await, "10240", "{damage}");
         if damage == "corrupt" {
             let aside = std::fs::read_dir(h.dir.path().join("state"))
                 .unwrap()
@@ -427,17 +404,15 @@ async fn a_lost_checkpoint_is_adopted_at_the_assigned_shares_once_the_coordinato
 async fn a_pod_created_again_under_its_name_gets_its_own_allocation() {
     let pods = Arc::new(CoordinatorPods::new());
     let mut h = Harness::start("a100-8x-mig.yaml", Arc::new(StaticAssignments::new())).await;
-    let plugin = restart_on_coordinator_pods(&mut h, &pods).await;
+    h.restart_agent_with(pods.clone(), |config, _| {
+        config.node_pods = Some(pods.clone())
+    })
+    .await;
     let g0 = h.uuid(0);
     let node = || h.agent().node();
     let first = streamed("a", "uid-first", 1, &g0, 20480, 500);
     pods.receive(node(), &pb::NodePods { pods: vec![first] });
-    let all = h.available(&plugin).await;
-    let slot = plugin
-        .preferred_allocation(&refs(&all), &[], 1)
-        .await
-        .unwrap();
-    plugin.allocate_one(&refs(&slot)).await.unwrap();
+    assert_eq!(next_one_slot_limit(&h).await, "20480");
     assert!(
         node()
             .ledger
@@ -452,12 +427,7 @@ async fn a_pod_created_again_under_its_name_gets_its_own_allocation() {
         node().ledger.lock().allocations().is_empty(),
         "the first pod departed by its UID"
     );
-    let slot = plugin
-        .preferred_allocation(&refs(&all), &[], 1)
-        .await
-        .unwrap();
-    let env = plugin.allocate_one(&refs(&slot)).await.unwrap().envs;
-    assert_eq!(env["TESSERA_GPU_MEMORY_LIMIT_MIB"], "20480");
+    assert_eq!(next_one_slot_limit(&h).await, "20480");
     let ledger = node().ledger.lock();
     let uids: Vec<Option<PodUid>> = ledger
         .allocations()

@@ -7,7 +7,7 @@ use crate::common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Harness, refs, share};
+use common::{Harness, proc_stat, refs, share};
 use tessera_agent::admin::{self, Response, StatusReport};
 use tessera_agent::agent::Agent;
 use tessera_agent::assignments::StaticAssignments;
@@ -61,20 +61,6 @@ impl Drop for Child {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// `(state, utime + stime in clock ticks)` from the real `/proc/<pid>/stat`.
-fn proc_stat(pid: u32) -> (char, u64) {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .unwrap()
-        .1
-        .split_whitespace()
-        .collect();
-    let state = fields[0].chars().next().unwrap();
-    let ticks = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    (state, ticks)
 }
 
 /// An agent with the watchdog on, and a way to give pods shares of GPUs.
