@@ -135,6 +135,10 @@ impl Agent {
             "GPU inventory read"
         );
         let grace_ms = config.reconcile_grace.as_millis() as u64;
+        // Whether the source's first list of the node's pods is in before the first
+        // reconcile: if not, containers the ledger lacks are adopted the moment it arrives.
+        let mut first_list = config.source.synced();
+        let listed_at_start = *first_list.borrow_and_update();
         if config.pod_resources_socket.exists() {
             if let Err(error) = reconcile_once(
                 &node,
@@ -185,8 +189,11 @@ impl Agent {
             config,
             Arc::clone(&node),
             servers,
-            admin_listener,
-            metrics_listener,
+            Listeners {
+                admin: admin_listener,
+                metrics: metrics_listener,
+            },
+            (!listed_at_start).then_some(first_list),
             stop_rx,
             Arc::clone(&watching),
         ));
@@ -227,12 +234,20 @@ impl Agent {
 /// How often GPU conditions (lost, NVSwitch fabric) are polled.
 const CONDITION_EVERY: Duration = Duration::from_secs(5);
 
+/// The sockets bound before serving, so a bad address fails the start.
+struct Listeners {
+    admin: Option<tokio::net::UnixListener>,
+    metrics: Option<tokio::net::TcpListener>,
+}
+
+/// Serves until stopped. `first_list` is the source's `synced` when its first list of the
+/// node's pods was not in at the start's reconcile: the reconcile runs again the moment it is.
 async fn run(
     config: AgentConfig,
     node: Arc<Node>,
     servers: Vec<PluginServer>,
-    admin_listener: Option<tokio::net::UnixListener>,
-    metrics_listener: Option<tokio::net::TcpListener>,
+    listeners: Listeners,
+    first_list: Option<watch::Receiver<bool>>,
     mut stop: watch::Receiver<bool>,
     watching: Arc<AtomicBool>,
 ) -> Result<(), AgentError> {
@@ -302,14 +317,14 @@ async fn run(
         )));
     }
 
-    if let Some(listener) = metrics_listener {
+    if let Some(listener) = listeners.metrics {
         background.push(tokio::spawn(crate::metrics::serve(
             listener,
             Arc::clone(&node),
         )));
     }
 
-    if let Some(listener) = admin_listener {
+    if let Some(listener) = listeners.admin {
         let ctx = Arc::new(AdminContext {
             node: Arc::clone(&node),
             node_name: config.node_name.clone(),
@@ -326,22 +341,18 @@ async fn run(
         let socket = config.pod_resources_socket.clone();
         let every = config.reconcile_every;
         let grace_ms = config.reconcile_grace.as_millis() as u64;
-        let mut synced = source.synced();
         background.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.tick().await;
             // Adoption waits for the source's first list of the node's pods: reconcile the
-            // moment it arrives rather than a whole period later.
-            let mut awaiting_list = !*synced.borrow_and_update();
+            // moment it arrives (or at once, if it came before this task ran) rather than a
+            // whole period later.
+            let mut awaiting = first_list.is_some();
+            let mut synced = first_list.unwrap_or_else(|| source.synced());
             loop {
                 tokio::select! {
                     _ = tick.tick() => {}
-                    changed = synced.changed(), if awaiting_list => {
-                        awaiting_list = changed.is_ok() && !*synced.borrow_and_update();
-                        if awaiting_list {
-                            continue;
-                        }
-                    }
+                    _ = synced.wait_for(|s| *s), if awaiting => awaiting = false,
                 }
                 if !socket.exists() {
                     continue;
