@@ -466,9 +466,8 @@ fn supervise_isolation(
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                let held = held_ids(&node);
-                let mig = Arc::clone(&mig);
-                let _ = tokio::task::spawn_blocking(move || mig.sweep(&held)).await;
+                let (mig, node) = (Arc::clone(&mig), Arc::clone(&node));
+                let _ = tokio::task::spawn_blocking(move || mig.sweep(|| held_ids(&node))).await;
             }
         }));
     }
