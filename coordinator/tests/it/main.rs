@@ -14,6 +14,7 @@ mod cluster_runtime;
 mod constraints_diff;
 mod crd_validate;
 mod crd_yaml;
+mod e2e_agent_state;
 mod e2e_budgets;
 mod e2e_constraints;
 mod e2e_device_path;

@@ -4,52 +4,13 @@
 use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{WAIT, refs, shape};
+use common::{AgentProcess, BIN, WAIT, refs, shape};
 use tessera_agent::gpu::short_uuid;
 use tessera_agent::gpu::sim::SimBackend;
 use tessera_device_plugin::testing::FakeKubelet;
-
-const BIN: &str = env!("CARGO_BIN_EXE_tessera-agent");
-
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn run_agent(dir: &Path, file: &str) -> Running {
-    let child = Command::new(BIN)
-        .args([
-            "run",
-            "--node-name",
-            "node-a",
-            "--no-kube",
-            "--coordinator",
-            "none",
-        ])
-        .arg("--gpu-backend")
-        .arg(format!("sim:{}", shape(file).display()))
-        .arg("--device-plugin-dir")
-        .arg(dir.join("dp"))
-        .arg("--pod-resources-socket")
-        .arg(dir.join("pr.sock"))
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .arg("--admin-socket")
-        .arg(dir.join("admin.sock"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    Running(child)
-}
 
 fn cli(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(BIN).args(args).output().unwrap();
@@ -65,7 +26,7 @@ async fn run_then_status_and_topology_over_the_admin_socket() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("dp")).unwrap();
     let kubelet = FakeKubelet::start(&dir.path().join("dp")).await.unwrap();
-    let _agent = run_agent(dir.path(), "l40s-4x-pcie.yaml");
+    let _agent = AgentProcess::spawn(dir.path(), "l40s-4x-pcie.yaml", None);
     let plugin = kubelet
         .wait_for_plugin("nvidia.com/gpu", WAIT)
         .await
