@@ -712,6 +712,15 @@ impl E2e {
                 r.pod, r.container, r.env
             );
         }
+        // What each kubelet admitted or refused, and why: the other half of an agent's story.
+        for slot in &self.nodes {
+            let _ = writeln!(
+                out,
+                "  kubelet {} (last lines):\n{}",
+                slot.name,
+                slot.node.kubelet().log()
+            );
+        }
         out
     }
 
