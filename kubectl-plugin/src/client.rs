@@ -62,9 +62,10 @@ pub(crate) fn explain(error: &anyhow::Error) -> String {
     match api {
         Some(status) if status.code == 403 => format!(
             "error: permission denied: {}\n\
-             kubectl tessera reads GpuNode, Queue and PodGroup objects and Nodes cluster-wide, and \
-             your pods and their events in your namespace, with your own credentials. Ask your \
-             cluster admin to bind the ClusterRole {VIEWER_ROLE} to you, e.g.\n  \
+             kubectl tessera reads, with your own credentials, GpuNode, Queue and PodGroup objects \
+             and Nodes cluster-wide (the ClusterRole {VIEWER_ROLE} grants these), and for `why` \
+             the pod and its events in its namespace (the built-in `view` role grants these). Ask \
+             your cluster admin to bind what is missing, e.g.\n  \
              kubectl create clusterrolebinding $USER-tessera-viewer --clusterrole={VIEWER_ROLE} --user=$USER\n\
              (see docs/kubectl-plugin.md).",
             status.message

@@ -293,6 +293,11 @@ impl E2e {
         }
     }
 
+    /// The control plane (kubeconfigs, credentials).
+    pub(crate) fn cluster(&self) -> &Cluster {
+        self.cluster.as_ref().expect("the cluster runs until shutdown")
+    }
+
     /// Pods in the test namespace.
     pub(crate) fn pods(&self) -> Api<Pod> {
         Api::namespaced(self.client.clone(), NS)
