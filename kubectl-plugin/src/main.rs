@@ -66,7 +66,12 @@ enum Command {
     /// judged against the pod's request, and what would make it fit.
     Why {
         /// The pod's name (in `-n NAMESPACE`).
-        pod: String,
+        #[arg(required_unless_present = "selector", conflicts_with = "selector")]
+        pod: Option<String>,
+        /// Instead of a name, a label selector (`job-name=train`): the first matching pod
+        /// that is not bound yet, by name (else the first match).
+        #[arg(short = 'l', long, value_name = "SELECTOR")]
+        selector: Option<String>,
         /// Output format.
         #[arg(short, long, value_enum, default_value_t = Output::Table)]
         output: Output,
@@ -125,7 +130,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 || queues::json(&queues),
             )
         }
-        Command::Why { pod, output } => {
+        Command::Why {
+            pod,
+            selector,
+            output,
+        } => {
+            let pod = match (pod, selector) {
+                (Some(name), _) => why::Which::Name(name),
+                (None, Some(selector)) => why::Which::Selector(selector),
+                // clap requires one of the two.
+                (None, None) => anyhow::bail!("why needs a pod name or -l SELECTOR"),
+            };
             let report = why::explain(&client, &namespace, &pod).await?;
             print(
                 &mut out,

@@ -141,19 +141,49 @@ fn failed(what: &str, error: &kube::Error) -> String {
     }
 }
 
+/// Which pod `why` explains.
+#[derive(Clone, Debug)]
+pub(crate) enum Which {
+    /// By name.
+    Name(String),
+    /// The first pod a label selector matches that is not bound yet (else the first match).
+    Selector(String),
+}
+
 /// Reads the pod and everything about it the user may read.
 pub(crate) async fn explain(
     client: &kube::Client,
     namespace: &str,
-    name: &str,
+    which: &Which,
 ) -> anyhow::Result<Report> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let pod = match pods.get(name).await {
-        Ok(p) => p,
-        Err(e) if is_not_found(&e) => {
-            anyhow::bail!("pod {namespace}/{name} not found (is -n right?)")
+    let pod = match which {
+        Which::Name(name) => match pods.get(name).await {
+            Ok(p) => p,
+            Err(e) if is_not_found(&e) => {
+                anyhow::bail!("pod {namespace}/{name} not found (is -n right?)")
+            }
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!("reading pod {namespace}/{name}")));
+            }
+        },
+        Which::Selector(selector) => {
+            let mut matched = pods
+                .list(&ListParams::default().labels(selector))
+                .await
+                .map_err(|e| {
+                    anyhow::Error::new(e).context(format!("listing pods in {namespace} with -l {selector}"))
+                })?
+                .items;
+            matched.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+            let unbound = matched
+                .iter()
+                .position(|p| p.spec.as_ref().is_none_or(|s| s.node_name.is_none()));
+            match unbound.or((!matched.is_empty()).then_some(0)) {
+                Some(i) => matched.swap_remove(i),
+                None => anyhow::bail!("no pod in namespace {namespace} matches -l {selector}"),
+            }
         }
-        Err(e) => return Err(anyhow::Error::new(e).context(format!("reading pod {namespace}/{name}"))),
     };
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let events: Api<Event> = Api::namespaced(client.clone(), namespace);

@@ -197,6 +197,9 @@ async fn kubectl_tessera_shows_gpus_queues_and_why_with_the_users_own_rbac() {
     assert_eq!(v["asks"], "8 whole GPUs");
     assert_eq!(v["nodes"][0]["node"], "node-a");
     assert_eq!(v["nodes"][0]["couldFit"], true);
+    // By selector: the one of nlp's pods that is not bound.
+    let v = parsed(&run(&admin, false, &["why", "-l", "tessera.dev/queue=nlp", "-o", "json"]).await);
+    assert_eq!(v["pod"], "big");
     let missing = run(&admin, false, &["why", "nobody-here"]).await;
     assert!(!missing.ok && missing.stderr.contains("pod default/nobody-here not found"), "{}", missing.stderr);
 
