@@ -17,9 +17,9 @@
 //! Kubernetes and I/O.
 
 pub mod assignment;
-pub mod isolation;
 #[cfg(feature = "crd")]
 pub mod crd;
+pub mod isolation;
 pub mod keys;
 #[cfg(feature = "k8s")]
 pub mod pod;

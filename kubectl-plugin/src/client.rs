@@ -55,10 +55,12 @@ pub(crate) const VIEWER_ROLE: &str = "tessera-viewer";
 
 /// A read the API server refused or could not answer, said for people.
 pub(crate) fn explain(error: &anyhow::Error) -> String {
-    let api = error.chain().find_map(|e| match e.downcast_ref::<kube::Error>() {
-        Some(kube::Error::Api(status)) => Some(status),
-        _ => None,
-    });
+    let api = error
+        .chain()
+        .find_map(|e| match e.downcast_ref::<kube::Error>() {
+            Some(kube::Error::Api(status)) => Some(status),
+            _ => None,
+        });
     match api {
         Some(status) if status.code == 403 => format!(
             "error: permission denied: {}\n\

@@ -69,9 +69,8 @@ pub(crate) fn demand(pod: &Pod) -> Result<Demand, String> {
     let mut init = 0u32;
     for (i, c) in spec.init_containers.iter().flatten().enumerate() {
         if gpu_quantity(c).is_some() {
-            init = init.max(
-                container_gpus(c).map_err(|e| format!("spec.initContainers[{i}]: {e}"))?,
-            );
+            init =
+                init.max(container_gpus(c).map_err(|e| format!("spec.initContainers[{i}]: {e}"))?);
         }
     }
     let mut count = apps.max(init);
@@ -168,7 +167,11 @@ impl Verdict {
             }
             Verdict::GpusTooSmall(mib) => match demand.per_gpu {
                 PerGpu::Memory(asked) => {
-                    format!("its GPUs have {}, the pod asks {} of one", gib(*mib), gib(asked))
+                    format!(
+                        "its GPUs have {}, the pod asks {} of one",
+                        gib(*mib),
+                        gib(asked)
+                    )
                 }
                 _ => format!("its GPUs have {}", gib(*mib)),
             },
@@ -200,6 +203,19 @@ fn held_by(holders: &[String]) -> String {
     }
 }
 
+/// How many pods of `demand` asking whole GPUs the node's idle GPUs hold now, when it passed
+/// the other checks (`None` for shares, whose packing only the coordinator knows).
+pub(crate) fn room(demand: &Demand, verdict: &Verdict, gpus: &[GpuView]) -> Option<u32> {
+    if demand.per_gpu != PerGpu::Whole || demand.count == 0 || !verdict.could_fit() {
+        return None;
+    }
+    let idle = gpus
+        .iter()
+        .filter(|g| g.mig_profiles.is_none() && g.healthy && g.shares.is_empty())
+        .count() as u32;
+    Some(idle / demand.count)
+}
+
 /// Judges one node: its Node object's cordon, taints and labels first (as kube-scheduler's
 /// filters come before resources), then its GPUs.
 pub(crate) fn judge(
@@ -222,9 +238,7 @@ pub(crate) fn judge(
 
 /// The pods holding `g`'s shares.
 fn holders<'a>(gpus: impl Iterator<Item = &'a GpuView>) -> Vec<String> {
-    let mut out: Vec<String> = gpus
-        .flat_map(|g| g.shares.iter().map(holder))
-        .collect();
+    let mut out: Vec<String> = gpus.flat_map(|g| g.shares.iter().map(holder)).collect();
     out.sort();
     out.dedup();
     out
@@ -248,7 +262,10 @@ pub(crate) fn gpu_fit(demand: &Demand, gpus: &[GpuView]) -> Verdict {
     let free = |g: &GpuView| -> (u32, u64) {
         let percent: u32 = g.shares.iter().map(|s| s.compute_percent).sum();
         let mib: u64 = g.shares.iter().map(|s| s.memory_mib).sum();
-        (100u32.saturating_sub(percent), g.memory_mib.saturating_sub(mib))
+        (
+            100u32.saturating_sub(percent),
+            g.memory_mib.saturating_sub(mib),
+        )
     };
     match demand.per_gpu {
         PerGpu::Whole => {
@@ -263,10 +280,9 @@ pub(crate) fn gpu_fit(demand: &Demand, gpus: &[GpuView]) -> Verdict {
         per_gpu => {
             let ask = |g: &GpuView| -> (u32, u64) {
                 match per_gpu {
-                    PerGpu::Fraction(milli) => (
-                        milli.div_ceil(10),
-                        g.memory_mib * u64::from(milli) / 1000,
-                    ),
+                    PerGpu::Fraction(milli) => {
+                        (milli.div_ceil(10), g.memory_mib * u64::from(milli) / 1000)
+                    }
                     PerGpu::Memory(mib) => (0, mib),
                     PerGpu::Whole => (100, g.memory_mib),
                 }
@@ -334,11 +350,20 @@ pub(crate) fn node_misfit(pod: &Pod, node: &Node) -> Option<Verdict> {
             return Some(Verdict::Cordoned);
         }
     }
-    for taint in node_spec.and_then(|s| s.taints.as_ref()).into_iter().flatten() {
+    for taint in node_spec
+        .and_then(|s| s.taints.as_ref())
+        .into_iter()
+        .flatten()
+    {
         if !matches!(taint.effect.as_str(), "NoSchedule" | "NoExecute") {
             continue;
         }
-        if !spec.tolerations.iter().flatten().any(|t| tolerates(t, taint)) {
+        if !spec
+            .tolerations
+            .iter()
+            .flatten()
+            .any(|t| tolerates(t, taint))
+        {
             let value = taint.value.as_deref().unwrap_or("");
             let shown = if value.is_empty() {
                 format!("{}:{}", taint.key, taint.effect)
@@ -359,7 +384,10 @@ pub(crate) fn node_misfit(pod: &Pod, node: &Node) -> Option<Verdict> {
         .affinity
         .as_ref()
         .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref());
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        });
     if let Some(required) = required {
         let name = node.metadata.name.as_deref().unwrap_or("");
         let any = required.node_selector_terms.iter().any(|term| {
@@ -367,10 +395,12 @@ pub(crate) fn node_misfit(pod: &Pod, node: &Node) -> Option<Verdict> {
             let fields = term.match_fields.as_deref().unwrap_or_default();
             // An empty term matches no node.
             (!exprs.is_empty() || !fields.is_empty())
-                && exprs.iter().all(|r| matches(r, labels.get(&r.key).map(String::as_str)))
-                && fields.iter().all(|r| {
-                    r.key == "metadata.name" && matches(r, Some(name))
-                })
+                && exprs
+                    .iter()
+                    .all(|r| matches(r, labels.get(&r.key).map(String::as_str)))
+                && fields
+                    .iter()
+                    .all(|r| r.key == "metadata.name" && matches(r, Some(name)))
         });
         if !any {
             return Some(Verdict::NodeAffinity);
@@ -400,8 +430,12 @@ fn matches(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
         "NotIn" => value.is_none_or(|v| !values.iter().any(|x| x == v)),
         "Exists" => value.is_some(),
         "DoesNotExist" => value.is_none(),
-        "Gt" => matches!((value.and_then(number), values.first().and_then(|x| number(x))), (Some(v), Some(x)) if v > x),
-        "Lt" => matches!((value.and_then(number), values.first().and_then(|x| number(x))), (Some(v), Some(x)) if v < x),
+        "Gt" => {
+            matches!((value.and_then(number), values.first().and_then(|x| number(x))), (Some(v), Some(x)) if v > x)
+        }
+        "Lt" => {
+            matches!((value.and_then(number), values.first().and_then(|x| number(x))), (Some(v), Some(x)) if v < x)
+        }
         _ => false,
     }
 }
@@ -424,9 +458,8 @@ mod tests {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
         );
-        let limits = (gpus > 0).then(|| {
-            BTreeMap::from([(keys::GPU_RESOURCE.to_owned(), Quantity(gpus.to_string()))])
-        });
+        let limits = (gpus > 0)
+            .then(|| BTreeMap::from([(keys::GPU_RESOURCE.to_owned(), Quantity(gpus.to_string()))]));
         p.spec = Some(PodSpec {
             containers: vec![Container {
                 name: "main".into(),
@@ -445,23 +478,48 @@ mod tests {
     fn the_request_is_read_as_the_coordinator_reads_it() {
         let d = |p: &Pod| demand(p).map(|d| d.to_string());
         assert_eq!(d(&pod(8, &[])), Ok("8 whole GPUs".into()));
-        assert_eq!(d(&pod(1, &[(keys::GPU_FRACTION, "0.25")])), Ok("25% of 1 GPU".into()));
-        assert_eq!(d(&pod(0, &[(keys::GPU_FRACTION_ALIAS, "0.5")])), Ok("50% of 1 GPU".into()));
-        assert_eq!(d(&pod(2, &[(keys::GPU_MEMORY, "20Gi")])), Ok("20.0Gi of 2 GPUs".into()));
+        assert_eq!(
+            d(&pod(1, &[(keys::GPU_FRACTION, "0.25")])),
+            Ok("25% of 1 GPU".into())
+        );
+        assert_eq!(
+            d(&pod(0, &[(keys::GPU_FRACTION_ALIAS, "0.5")])),
+            Ok("50% of 1 GPU".into())
+        );
+        assert_eq!(
+            d(&pod(2, &[(keys::GPU_MEMORY, "20Gi")])),
+            Ok("20.0Gi of 2 GPUs".into())
+        );
         assert_eq!(d(&pod(0, &[])), Ok("no GPU".into()));
-        assert!(d(&pod(1, &[(keys::GPU_FRACTION, "1.5")])).unwrap_err().contains("tessera.dev/gpu-fraction: \"1.5\""));
         assert!(
-            d(&pod(1, &[(keys::GPU_FRACTION, "0.5"), (keys::GPU_MEMORY, "1Gi")]))
+            d(&pod(1, &[(keys::GPU_FRACTION, "1.5")]))
                 .unwrap_err()
-                .contains("both")
+                .contains("tessera.dev/gpu-fraction: \"1.5\"")
+        );
+        assert!(
+            d(&pod(
+                1,
+                &[(keys::GPU_FRACTION, "0.5"), (keys::GPU_MEMORY, "1Gi")]
+            ))
+            .unwrap_err()
+            .contains("both")
         );
     }
 
     #[test]
     fn gpu_fit_says_what_would_free_room() {
-        let whole = Demand { count: 2, per_gpu: PerGpu::Whole };
-        let quarter = Demand { count: 1, per_gpu: PerGpu::Fraction(250) };
-        let big = Demand { count: 1, per_gpu: PerGpu::Memory(100 * 1024) };
+        let whole = Demand {
+            count: 2,
+            per_gpu: PerGpu::Whole,
+        };
+        let quarter = Demand {
+            count: 1,
+            per_gpu: PerGpu::Fraction(250),
+        };
+        let big = Demand {
+            count: 1,
+            per_gpu: PerGpu::Memory(100 * 1024),
+        };
         let mut sick = gpu(3, vec![]);
         sick.healthy = false;
         let node = vec![
@@ -471,17 +529,48 @@ mod tests {
             sick,
         ];
         let cases: Vec<(&str, &Demand, Vec<GpuView>, &str)> = vec![
-            ("two whole GPUs, one idle", &whole, node.clone(), "fits once 1 more GPU is free — held by default/a (main), default/b (main)"),
-            ("a quarter, the idle GPU takes it", &quarter, node.clone(), "fits now by its agent's last report"),
+            (
+                "two whole GPUs, one idle",
+                &whole,
+                node.clone(),
+                "fits once 1 more GPU is free — held by default/a (main), default/b (main)",
+            ),
+            (
+                "a quarter, the idle GPU takes it",
+                &quarter,
+                node.clone(),
+                "fits now by its agent's last report",
+            ),
             (
                 "a quarter, only busy GPUs",
                 &quarter,
                 node[..2].to_vec(),
                 "fits once a GPU has 25% and 11.2Gi free (best now: GPU 1, 20% and 9.0Gi free — held by default/b (main))",
             ),
-            ("too big for any GPU", &big, node.clone(), "its GPUs have 45.0Gi, the pod asks 100.0Gi of one"),
-            ("four asked, three healthy", &Demand { count: 4, per_gpu: PerGpu::Whole }, node.clone(), "3 healthy GPUs, the pod asks 4"),
-            ("nine asked", &Demand { count: 9, per_gpu: PerGpu::Whole }, node.clone(), "has 4 GPUs of the kind asked, the pod asks 9 on one node"),
+            (
+                "too big for any GPU",
+                &big,
+                node.clone(),
+                "its GPUs have 45.0Gi, the pod asks 100.0Gi of one",
+            ),
+            (
+                "four asked, three healthy",
+                &Demand {
+                    count: 4,
+                    per_gpu: PerGpu::Whole,
+                },
+                node.clone(),
+                "3 healthy GPUs, the pod asks 4",
+            ),
+            (
+                "nine asked",
+                &Demand {
+                    count: 9,
+                    per_gpu: PerGpu::Whole,
+                },
+                node.clone(),
+                "has 4 GPUs of the kind asked, the pod asks 9 on one node",
+            ),
         ];
         for (what, demand, gpus, want) in cases {
             assert_eq!(gpu_fit(demand, &gpus).text(demand), want, "{what}");
@@ -506,12 +595,24 @@ mod tests {
         let mut tainted = node.clone();
         tainted.spec = Some(NodeSpec {
             taints: Some(vec![
-                Taint { key: "soft".into(), effect: "PreferNoSchedule".into(), ..Taint::default() },
-                Taint { key: "gpu".into(), value: Some("h100".into()), effect: "NoSchedule".into(), ..Taint::default() },
+                Taint {
+                    key: "soft".into(),
+                    effect: "PreferNoSchedule".into(),
+                    ..Taint::default()
+                },
+                Taint {
+                    key: "gpu".into(),
+                    value: Some("h100".into()),
+                    effect: "NoSchedule".into(),
+                    ..Taint::default()
+                },
             ]),
             ..NodeSpec::default()
         });
-        assert_eq!(node_misfit(&base, &tainted), Some(Verdict::Taint("gpu=h100:NoSchedule".into())));
+        assert_eq!(
+            node_misfit(&base, &tainted),
+            Some(Verdict::Taint("gpu=h100:NoSchedule".into()))
+        );
         let mut tolerant = base.clone();
         tolerant.spec.as_mut().unwrap().tolerations = Some(vec![Toleration {
             key: Some("gpu".into()),
@@ -521,8 +622,12 @@ mod tests {
         assert_eq!(node_misfit(&tolerant, &tainted), None);
 
         let mut picky = base.clone();
-        picky.spec.as_mut().unwrap().node_selector = Some(BTreeMap::from([("zone".to_owned(), "b".to_owned())]));
-        assert_eq!(node_misfit(&picky, &node), Some(Verdict::NodeSelector("zone=b".into())));
+        picky.spec.as_mut().unwrap().node_selector =
+            Some(BTreeMap::from([("zone".to_owned(), "b".to_owned())]));
+        assert_eq!(
+            node_misfit(&picky, &node),
+            Some(Verdict::NodeSelector("zone=b".into()))
+        );
 
         let affinity = |op: &str, values: &[&str]| {
             let mut p = base.clone();

@@ -42,7 +42,11 @@ pub(crate) fn gpus(v: f64) -> String {
     }
     let s = format!("{v:.3}");
     let s = s.trim_end_matches('0').trim_end_matches('.');
-    if s == "-0" { "0".to_owned() } else { s.to_owned() }
+    if s == "-0" {
+        "0".to_owned()
+    } else {
+        s.to_owned()
+    }
 }
 
 /// How long ago `then` was, from `now`, coarsely (`5s`, `3m`, `2h`, `4d`); `-` when unknown.
@@ -82,7 +86,13 @@ mod tests {
 
     #[test]
     fn numbers_and_ages() {
-        for (v, want) in [(2.0, "2"), (0.25, "0.25"), (0.0, "0"), (12.5, "12.5"), (-0.0, "0")] {
+        for (v, want) in [
+            (2.0, "2"),
+            (0.25, "0.25"),
+            (0.0, "0"),
+            (12.5, "12.5"),
+            (-0.0, "0"),
+        ] {
             assert_eq!(gpus(v), want);
         }
         assert_eq!(gpus(f64::NAN), "-");

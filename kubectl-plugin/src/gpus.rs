@@ -37,7 +37,11 @@ pub(crate) fn holder(share: &ShareView) -> String {
 }
 
 fn short(uid: &str) -> &str {
-    if uid.is_empty() { "unknown" } else { uid.get(..8).unwrap_or(uid) }
+    if uid.is_empty() {
+        "unknown"
+    } else {
+        uid.get(..8).unwrap_or(uid)
+    }
 }
 
 fn health(g: &GpuView) -> String {
@@ -131,10 +135,7 @@ pub(crate) fn table(nodes: &[GpuNode]) -> String {
         ));
     }
     if !waiting.is_empty() {
-        out.push_str(&format!(
-            "Not reported yet: {}.\n",
-            waiting.join(", ")
-        ));
+        out.push_str(&format!("Not reported yet: {}.\n", waiting.join(", ")));
     }
     out
 }
@@ -242,7 +243,10 @@ pub(crate) mod tests {
                 "l40s-0",
                 true,
                 vec![
-                    gpu(0, vec![share("notebook", 25, 11517), share("serve", 50, 23034)]),
+                    gpu(
+                        0,
+                        vec![share("notebook", 25, 11517), share("serve", 50, 23034)],
+                    ),
                     gpu(1, vec![]),
                     bad,
                 ],
@@ -265,7 +269,11 @@ Agents not connected to the coordinator: old (their GPUs as last reported).
 
     #[test]
     fn the_json_is_each_nodes_status_under_its_name() {
-        let nodes = vec![node("l40s-0", true, vec![gpu(0, vec![share("nb", 25, 11517)])])];
+        let nodes = vec![node(
+            "l40s-0",
+            true,
+            vec![gpu(0, vec![share("nb", 25, 11517)])],
+        )];
         let v = json(&nodes);
         assert_eq!(v["nodes"][0]["node"], "l40s-0");
         assert_eq!(v["nodes"][0]["gpus"][0]["uuid"], "GPU-0");

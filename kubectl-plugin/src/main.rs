@@ -119,7 +119,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Gpus { output } => {
             let nodes = gpus::fetch(&client).await?;
-            print(&mut out, output, || gpus::table(&nodes), || gpus::json(&nodes))
+            print(
+                &mut out,
+                output,
+                || gpus::table(&nodes),
+                || gpus::json(&nodes),
+            )
         }
         Command::Queues { output } => {
             let queues = queues::fetch(&client).await?;

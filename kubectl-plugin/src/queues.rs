@@ -2,7 +2,8 @@
 //! spec and the status the coordinator writes (allocated, requested, fair share).
 //!
 //! Queue status carries no usage history yet, so none is shown; `pending` is what the queue's
-//! pods ask for beyond what they hold (requested − allocated).
+//! waiting pods ask for (requested − allocated: the demand the coordinator computed the fair
+//! share from, which leaves out a gang it refuses outright).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -171,7 +172,13 @@ pub(crate) fn table(queues: &[Queue]) -> String {
         };
         for (i, c) in n.children.iter().enumerate() {
             let last = i + 1 == n.children.len();
-            walk(c, &child_prefix, if last { "└─ " } else { "├─ " }, rows, notes);
+            walk(
+                c,
+                &child_prefix,
+                if last { "└─ " } else { "├─ " },
+                rows,
+                notes,
+            );
         }
     }
     for root in tree(queues) {
@@ -190,7 +197,9 @@ pub(crate) fn table(queues: &[Queue]) -> String {
         ],
         &rows,
     );
-    out.push_str("GPUs. Allocated and pending count a queue's whole subtree; - = not reported yet.\n");
+    out.push_str(
+        "GPUs. Allocated and pending count a queue's whole subtree; - = not reported yet.\n",
+    );
     for n in notes {
         out.push_str(&n);
         out.push('\n');

@@ -21,14 +21,27 @@ pub(crate) fn frame(nodes: &[GpuNode], queue_list: &[Queue], header: &str) -> St
         .map(|n| {
             let name = n.metadata.name.clone().unwrap_or_default();
             let Some(s) = &n.status else {
-                return vec![name, "-".into(), "-".into(), "-".into(), "-".into(), "-".into(), "-".into(), "-".into(), "not reported".into()];
+                return vec![
+                    name,
+                    "-".into(),
+                    "-".into(),
+                    "-".into(),
+                    "-".into(),
+                    "-".into(),
+                    "-".into(),
+                    "-".into(),
+                    "not reported".into(),
+                ];
             };
             let used: u64 = s.gpus.iter().map(|g| g.used_memory_mib).sum();
             let total: u64 = s.gpus.iter().map(|g| g.memory_mib).sum();
             let util = if s.gpus.is_empty() {
                 0
             } else {
-                s.gpus.iter().map(|g| u64::from(g.utilization_percent)).sum::<u64>()
+                s.gpus
+                    .iter()
+                    .map(|g| u64::from(g.utilization_percent))
+                    .sum::<u64>()
                     / s.gpus.len() as u64
             };
             let mut pods: Vec<(&str, &str)> = s
@@ -48,12 +61,19 @@ pub(crate) fn frame(nodes: &[GpuNode], queue_list: &[Queue], header: &str) -> St
                 format!("{util}%"),
                 format!("{}/{}", gib(used), gib(total)),
                 pods.len().to_string(),
-                if s.agent.connected { "connected" } else { "not connected" }.into(),
+                if s.agent.connected {
+                    "connected"
+                } else {
+                    "not connected"
+                }
+                .into(),
             ]
         })
         .collect();
     out.push_str(&columns(
-        &["NODE", "MODEL", "GPUS", "HEALTHY", "FREE", "UTIL", "MEMORY", "PODS", "AGENT"],
+        &[
+            "NODE", "MODEL", "GPUS", "HEALTHY", "FREE", "UTIL", "MEMORY", "PODS", "AGENT",
+        ],
         &rows,
     ));
     out.push_str(&gpus::summary(nodes));
@@ -69,16 +89,25 @@ async fn read(client: &kube::Client, header: &str) -> anyhow::Result<String> {
 }
 
 fn header(interval: Duration, keys: bool) -> String {
-    let now = jiff::Zoned::now().strftime("%Y-%m-%d %H:%M:%S %Z").to_string();
+    let now = jiff::Zoned::now()
+        .strftime("%Y-%m-%d %H:%M:%S %Z")
+        .to_string();
     if keys {
-        format!("kubectl tessera top — {now} — every {}s; q to quit", interval.as_secs())
+        format!(
+            "kubectl tessera top — {now} — every {}s; q to quit",
+            interval.as_secs()
+        )
     } else {
         format!("kubectl tessera top — {now}")
     }
 }
 
 /// Runs until q or ctrl-c (`once`: one frame).
-pub(crate) async fn run(client: &kube::Client, interval: Duration, once: bool) -> anyhow::Result<()> {
+pub(crate) async fn run(
+    client: &kube::Client,
+    interval: Duration,
+    once: bool,
+) -> anyhow::Result<()> {
     let mut out = std::io::stdout();
     if once {
         out.write_all(read(client, &header(interval, false)).await?.as_bytes())?;
@@ -113,7 +142,11 @@ pub(crate) async fn run(client: &kube::Client, interval: Duration, once: bool) -
             Ok(t) => t,
             Err(e) => client::explain(&e),
         };
-        execute!(out, cursor::MoveTo(0, 0), terminal::Clear(terminal::ClearType::All))?;
+        execute!(
+            out,
+            cursor::MoveTo(0, 0),
+            terminal::Clear(terminal::ClearType::All)
+        )?;
         // Raw mode: a line feed does not return the carriage.
         out.write_all(text.replace('\n', "\r\n").as_bytes())?;
         out.flush()?;
@@ -136,7 +169,10 @@ pub(crate) async fn run(client: &kube::Client, interval: Duration, once: bool) -
 fn quits(event: &Event) -> bool {
     matches!(
         event,
-        Event::Key(KeyEvent { code: KeyCode::Char('q') | KeyCode::Esc, .. })
+        Event::Key(KeyEvent {
+            code: KeyCode::Char('q') | KeyCode::Esc,
+            ..
+        })
     ) || matches!(
         event,
         Event::Key(KeyEvent { code: KeyCode::Char('c'), modifiers, .. }) if modifiers.contains(KeyModifiers::CONTROL)
@@ -150,14 +186,22 @@ impl Screen {
     fn enter() -> anyhow::Result<Screen> {
         terminal::enable_raw_mode()?;
         let screen = Screen;
-        execute!(std::io::stdout(), terminal::EnterAlternateScreen, cursor::Hide)?;
+        execute!(
+            std::io::stdout(),
+            terminal::EnterAlternateScreen,
+            cursor::Hide
+        )?;
         Ok(screen)
     }
 }
 
 impl Drop for Screen {
     fn drop(&mut self) {
-        let _ = execute!(std::io::stdout(), cursor::Show, terminal::LeaveAlternateScreen);
+        let _ = execute!(
+            std::io::stdout(),
+            cursor::Show,
+            terminal::LeaveAlternateScreen
+        );
         let _ = terminal::disable_raw_mode();
     }
 }
@@ -171,7 +215,11 @@ mod tests {
     #[test]
     fn a_frame_has_a_line_per_node_and_the_queue_tree() {
         let nodes = vec![
-            node("a", true, vec![gpu(0, vec![share("x", 25, 11517)]), gpu(1, vec![])]),
+            node(
+                "a",
+                true,
+                vec![gpu(0, vec![share("x", 25, 11517)]), gpu(1, vec![])],
+            ),
             node("b", false, vec![gpu(0, vec![])]),
         ];
         let queues = vec![queue("default", None, 0.0, Some((1.0, 0.25, 0.25)))];

@@ -97,6 +97,9 @@ pub(crate) struct NodeVerdict {
     pub(crate) fits_now: bool,
     /// Whether freeing capacity there would make it fit.
     pub(crate) could_fit: bool,
+    /// How many pods like it (whole GPUs) its idle GPUs hold now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) room: Option<u32>,
     /// The verdict in words.
     pub(crate) verdict: String,
 }
@@ -164,7 +167,9 @@ pub(crate) async fn explain(
                 anyhow::bail!("pod {namespace}/{name} not found (is -n right?)")
             }
             Err(e) => {
-                return Err(anyhow::Error::new(e).context(format!("reading pod {namespace}/{name}")));
+                return Err(
+                    anyhow::Error::new(e).context(format!("reading pod {namespace}/{name}"))
+                );
             }
         },
         Which::Selector(selector) => {
@@ -172,7 +177,8 @@ pub(crate) async fn explain(
                 .list(&ListParams::default().labels(selector))
                 .await
                 .map_err(|e| {
-                    anyhow::Error::new(e).context(format!("listing pods in {namespace} with -l {selector}"))
+                    anyhow::Error::new(e)
+                        .context(format!("listing pods in {namespace} with -l {selector}"))
                 })?
                 .items;
             matched.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
@@ -203,7 +209,10 @@ pub(crate) async fn explain(
         .map(|l| l.items)
         .map_err(|e| failed("nodes", &e));
     let group = match group_name(&pod) {
-        Some(g) => match Api::<PodGroup>::namespaced(client.clone(), namespace).get(g).await {
+        Some(g) => match Api::<PodGroup>::namespaced(client.clone(), namespace)
+            .get(g)
+            .await
+        {
             Ok(g) => Ok(Some(g)),
             Err(e) if is_not_found(&e) => Ok(None),
             Err(e) => Err(failed(&format!("PodGroup {g}"), &e)),
@@ -336,7 +345,8 @@ pub(crate) fn report(inputs: Inputs) -> Report {
             .filter_map(|n| Some((n.metadata.name.clone()?, n)))
             .collect(),
         Err(note) => {
-            r.notes.push(format!("{note}; cordons, taints and labels not checked"));
+            r.notes
+                .push(format!("{note}; cordons, taints and labels not checked"));
             BTreeMap::new()
         }
     };
@@ -400,6 +410,7 @@ fn judge_nodes(
             free: status.map_or(0, |s| s.free_gpus),
             fits_now: verdict == Verdict::FitsNow,
             could_fit: verdict.could_fit(),
+            room: status.and_then(|s| fit::room(demand, &verdict, &s.gpus)),
             verdict: verdict.text(demand),
         });
     }
@@ -426,7 +437,11 @@ fn suggest(r: &mut Report, demand: &Demand, queue: Option<&Queue>) {
             "its GPUs are free now on {}{}: what holds it is in the coordinator's message above \
              (its gang, its queue, or a constraint checked only there)",
             names.join(", "),
-            if now.len() > 5 { format!(" and {} more", now.len() - 5) } else { String::new() }
+            if now.len() > 5 {
+                format!(" and {} more", now.len() - 5)
+            } else {
+                String::new()
+            }
         ));
     } else {
         let mut freeing: Vec<&NodeVerdict> = r.nodes.iter().filter(|n| n.could_fit).collect();
@@ -451,13 +466,23 @@ fn suggest(r: &mut Report, demand: &Demand, queue: Option<&Queue>) {
         && let Some(min) = group.min_member
         && min > 1
     {
-        r.would_fit.push(format!(
-            "its gang {} places {min} pods at once or none: room for all {min} is needed together",
-            group.name
-        ));
+        let room = (demand.per_gpu == fit::PerGpu::Whole && !r.nodes.is_empty())
+            .then(|| r.nodes.iter().filter_map(|n| n.room).sum::<u32>());
+        r.would_fit.push(match room {
+            Some(room) => format!(
+                "its gang {} places {min} pods at once or none: room for all {min} is needed \
+                 together; the GPU nodes' idle GPUs hold {room} such pods now",
+                group.name
+            ),
+            None => format!(
+                "its gang {} places {min} pods at once or none: room for all {min} is needed together",
+                group.name
+            ),
+        });
     }
     let Some(q) = queue else {
-        r.notes.push(format!("queue {} not found or not readable", r.queue));
+        r.notes
+            .push(format!("queue {} not found or not readable", r.queue));
         return;
     };
     let status = q.status.as_ref();
@@ -471,6 +496,10 @@ fn suggest(r: &mut Report, demand: &Demand, queue: Option<&Queue>) {
             // A memory share is charged as the share of the GPU it takes, unknown here.
             fit::PerGpu::Memory(_) => 0.0,
         };
+    // The pod counts in the queue's demand (and so in its fair share) only when the
+    // coordinator took it for a job it can place; a gang larger than the cluster is not.
+    let requested = status.and_then(|s| s.requested.as_ref()).map(|a| a.gpu);
+    let counted = matches!((requested, allocated), (Some(r), Some(a)) if r - a + 1e-9 >= asks);
     if let Some(a) = allocated
         && limit >= 0.0
         && a + asks > limit + 1e-9
@@ -483,6 +512,7 @@ fn suggest(r: &mut Report, demand: &Demand, queue: Option<&Queue>) {
             gpus((limit - asks).max(0.0))
         ));
     } else if let (Some(a), Some(f)) = (allocated, fair)
+        && counted
         && a + asks > f + 1e-9
     {
         r.would_fit.push(format!(
@@ -514,7 +544,11 @@ pub(crate) fn text_at(r: &Report, now: jiff::Timestamp) -> String {
         },
         r.uid
     );
-    let _ = write!(out, "Asks: {}   queue: {}   scheduler: {}", r.asks, r.queue, r.scheduler);
+    let _ = write!(
+        out,
+        "Asks: {}   queue: {}   scheduler: {}",
+        r.asks, r.queue, r.scheduler
+    );
     if let Some(g) = &r.group {
         let _ = write!(out, "   gang: {}", g.name);
         if let Some(m) = g.min_member {
@@ -561,7 +595,10 @@ pub(crate) fn text_at(r: &Report, now: jiff::Timestamp) -> String {
                 ]
             })
             .collect();
-        out.push_str(&columns(&["  NODE", "GPUS", "HEALTHY", "FREE", "VERDICT"], &rows));
+        out.push_str(&columns(
+            &["  NODE", "GPUS", "HEALTHY", "FREE", "VERDICT"],
+            &rows,
+        ));
     }
     if !r.would_fit.is_empty() {
         let _ = writeln!(out, "\nWhat would make it fit:");
@@ -598,7 +635,10 @@ mod tests {
         p.metadata.name = Some("train-0".into());
         p.metadata.namespace = Some("ml".into());
         p.metadata.uid = Some("uid-1".into());
-        p.metadata.labels = Some(BTreeMap::from([(keys::QUEUE.to_owned(), "research".to_owned())]));
+        p.metadata.labels = Some(BTreeMap::from([(
+            keys::QUEUE.to_owned(),
+            "research".to_owned(),
+        )]));
         p.spec = Some(PodSpec {
             scheduler_name: Some("tessera".into()),
             containers: vec![Container {
@@ -645,10 +685,23 @@ mod tests {
             pod,
             events: Ok(vec![
                 event("older", 1, "2026-01-01T11:59:00Z"),
-                event("0/2 nodes are available: 2 have fewer than 4 free GPUs.", 7, "2026-01-01T11:59:55Z"),
+                event(
+                    "0/2 nodes are available: 2 have fewer than 4 free GPUs.",
+                    7,
+                    "2026-01-01T11:59:55Z",
+                ),
             ]),
             views: Ok(vec![
-                view("a", true, vec![gpu(0, vec![share("x", 100, 46068)]), gpu(1, vec![share("y", 50, 23034)]), gpu(2, vec![]), gpu(3, vec![])]),
+                view(
+                    "a",
+                    true,
+                    vec![
+                        gpu(0, vec![share("x", 100, 46068)]),
+                        gpu(1, vec![share("y", 50, 23034)]),
+                        gpu(2, vec![]),
+                        gpu(3, vec![]),
+                    ],
+                ),
                 view("b", true, vec![gpu(0, vec![]), gpu(1, vec![])]),
             ]),
             nodes: Ok(Vec::new()),
@@ -704,11 +757,27 @@ Notes:
             r.would_fit
         );
         i.views = Err("cannot read gpunodes.tessera.dev: permission denied (the ClusterRole tessera-viewer grants it)".into());
-        i.nodes = Err("cannot read nodes: permission denied (the ClusterRole tessera-viewer grants it)".into());
+        i.nodes = Err(
+            "cannot read nodes: permission denied (the ClusterRole tessera-viewer grants it)"
+                .into(),
+        );
         let r = report(i);
         assert!(r.nodes.is_empty());
-        assert!(r.notes.iter().any(|n| n.starts_with("cannot read gpunodes") && n.ends_with("; no per-node breakdown")), "{:?}", r.notes);
-        assert!(r.notes.iter().any(|n| n.ends_with("cordons, taints and labels not checked")), "{:?}", r.notes);
+        assert!(
+            r.notes
+                .iter()
+                .any(|n| n.starts_with("cannot read gpunodes")
+                    && n.ends_with("; no per-node breakdown")),
+            "{:?}",
+            r.notes
+        );
+        assert!(
+            r.notes
+                .iter()
+                .any(|n| n.ends_with("cordons, taints and labels not checked")),
+            "{:?}",
+            r.notes
+        );
 
         // Bound: nothing to explain.
         let mut bound = pending(1);
@@ -720,22 +789,38 @@ Notes:
 
         // A GPU share it free now: the coordinator's reason is the answer.
         let mut frac = pending(1);
-        frac.metadata.annotations = Some(BTreeMap::from([(keys::GPU_FRACTION.to_owned(), "0.25".to_owned())]));
+        frac.metadata.annotations = Some(BTreeMap::from([(
+            keys::GPU_FRACTION.to_owned(),
+            "0.25".to_owned(),
+        )]));
         let r = report(inputs(frac));
-        assert!(r.would_fit[0].starts_with("its GPUs are free now on a, b: what holds it"), "{:?}", r.would_fit);
+        assert!(
+            r.would_fit[0].starts_with("its GPUs are free now on a, b: what holds it"),
+            "{:?}",
+            r.would_fit
+        );
 
         // A bad request.
         let mut bad = pending(1);
-        bad.metadata.annotations = Some(BTreeMap::from([(keys::GPU_FRACTION.to_owned(), "1.5".to_owned())]));
+        bad.metadata.annotations = Some(BTreeMap::from([(
+            keys::GPU_FRACTION.to_owned(),
+            "1.5".to_owned(),
+        )]));
         let r = report(inputs(bad));
-        assert!(r.asks.starts_with("cannot be read: tessera.dev/gpu-fraction"), "{}", r.asks);
+        assert!(
+            r.asks
+                .starts_with("cannot be read: tessera.dev/gpu-fraction"),
+            "{}",
+            r.asks
+        );
         assert!(r.nodes.is_empty());
     }
 
     #[test]
     fn a_queue_at_its_limit_and_a_gang_are_named() {
-        let mut i = inputs(pending(2));
-        let mut q = queue("research", None, 8.0, Some((8.0, 7.0, 9.0)));
+        // Four whole GPUs: node a could hold one once two more GPUs free, node b never.
+        let mut i = inputs(pending(4));
+        let mut q = queue("research", None, 8.0, Some((8.0, 7.0, 11.0)));
         q.spec.gpu.as_mut().unwrap().limit = 8.0;
         i.queue = Ok(Some(q));
         i.pod.metadata.annotations = Some(BTreeMap::from([
@@ -743,7 +828,32 @@ Notes:
             (keys::MIN_MEMBER.to_owned(), "4".to_owned()),
         ]));
         let r = report(i);
-        assert!(r.would_fit.iter().any(|s| s == "queue research holds 7 of its limit 8 GPUs: it fits once the queue holds at most 6"), "{:?}", r.would_fit);
-        assert!(r.would_fit.iter().any(|s| s.starts_with("its gang train places 4 pods at once")), "{:?}", r.would_fit);
+        assert!(r.would_fit.iter().any(|s| s == "queue research holds 7 of its limit 8 GPUs: it fits once the queue holds at most 4"), "{:?}", r.would_fit);
+        assert!(
+            r.would_fit.iter().any(|s| s == "its gang train places 4 pods at once or none: room for all 4 is needed together; the GPU nodes' idle GPUs hold 0 such pods now"),
+            "{:?}",
+            r.would_fit
+        );
+
+        // A pod the coordinator does not count in its queue's demand (a gang larger than the
+        // cluster): the queue's fair share says nothing about it.
+        let mut i = inputs(pending(4));
+        i.queue = Ok(Some(queue("research", None, 8.0, Some((6.0, 6.0, 6.0)))));
+        let r = report(i);
+        assert!(
+            !r.would_fit.iter().any(|s| s.starts_with("queue ")),
+            "{:?}",
+            r.would_fit
+        );
+        let mut i = inputs(pending(4));
+        i.queue = Ok(Some(queue("research", None, 8.0, Some((6.0, 6.0, 10.0)))));
+        let r = report(i);
+        assert!(
+            r.would_fit
+                .iter()
+                .any(|s| s.starts_with("queue research holds 6 GPUs against a fair share of 6")),
+            "{:?}",
+            r.would_fit
+        );
     }
 }

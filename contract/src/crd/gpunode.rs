@@ -26,7 +26,11 @@ use serde::{Deserialize, Serialize};
     printcolumn(name = "GPUs", type_ = "integer", json_path = ".status.gpuCount"),
     printcolumn(name = "Healthy", type_ = "integer", json_path = ".status.healthyGpus"),
     printcolumn(name = "Free", type_ = "integer", json_path = ".status.freeGpus"),
-    printcolumn(name = "Agent", type_ = "boolean", json_path = ".status.agent.connected"),
+    printcolumn(
+        name = "Agent",
+        type_ = "boolean",
+        json_path = ".status.agent.connected"
+    ),
     printcolumn(name = "Observed", type_ = "date", json_path = ".status.observedTime")
 )]
 #[serde(rename_all = "camelCase")]

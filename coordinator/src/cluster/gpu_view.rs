@@ -60,7 +60,10 @@ pub fn status_of(node: &AgentNode) -> GpuNodeStatus {
                 health_reason: if g.healthy {
                     String::new()
                 } else {
-                    node.health_reasons.get(&g.uuid).cloned().unwrap_or_default()
+                    node.health_reasons
+                        .get(&g.uuid)
+                        .cloned()
+                        .unwrap_or_default()
                 },
                 nvlink_island: g.nvlink_island,
                 mig_profiles: g
@@ -198,8 +201,7 @@ pub async fn run(
         let since = Instant::now();
         // Views an earlier leader wrote: the baseline, so unchanged nodes are not rewritten
         // and nodes whose agent never comes back are shown disconnected.
-        let mut written: BTreeMap<String, Written> = match api.list(&ListParams::default()).await
-        {
+        let mut written: BTreeMap<String, Written> = match api.list(&ListParams::default()).await {
             Ok(list) => list
                 .items
                 .into_iter()
@@ -254,7 +256,13 @@ pub async fn run(
             });
             // A view is written only for a Node that exists: it is the view's owner.
             desired.retain(|n, _| owners.contains_key(n));
-            for node in plan(&desired, &written, now, config.refresh, config.writes_per_pass) {
+            for node in plan(
+                &desired,
+                &written,
+                now,
+                config.refresh,
+                config.writes_per_pass,
+            ) {
                 let Some(status) = desired.get(&node) else {
                     continue;
                 };
@@ -324,7 +332,10 @@ mod tests {
     use tessera_core::model::Gpu;
 
     fn node(shares: &[(&str, u32)], util: u32) -> AgentNode {
-        let gpus = vec![Gpu::new("n", 0, "A100", 81920), Gpu::new("n", 1, "A100", 81920)];
+        let gpus = vec![
+            Gpu::new("n", 0, "A100", 81920),
+            Gpu::new("n", 1, "A100", 81920),
+        ];
         let mut occupancy = BTreeMap::new();
         occupancy.insert(
             gpus[0].uuid.clone(),
@@ -367,9 +378,13 @@ mod tests {
     fn a_view_shows_each_share_on_its_gpu_and_counts_free_gpus() {
         let mut n = node(&[("nb", 25)], 40);
         n.gpus[1].healthy = false;
-        n.health_reasons.insert(n.gpus[1].uuid.clone(), "XID 79".into());
+        n.health_reasons
+            .insert(n.gpus[1].uuid.clone(), "XID 79".into());
         let s = status_of(&n);
-        assert_eq!((s.model.as_str(), s.gpu_count, s.healthy_gpus), ("A100", 2, 1));
+        assert_eq!(
+            (s.model.as_str(), s.gpu_count, s.healthy_gpus),
+            ("A100", 2, 1)
+        );
         // GPU 0 holds the notebook; GPU 1 is unhealthy: nothing is free.
         assert_eq!(s.free_gpus, 0);
         assert_eq!(s.gpus[0].shares.len(), 1);
@@ -436,12 +451,18 @@ mod tests {
         .map(|(n, s)| (n.to_owned(), s))
         .collect();
         let written = BTreeMap::from([
-            ("stale-new".to_owned(), written_at(a.clone(), t0 + Duration::from_secs(5))),
+            (
+                "stale-new".to_owned(),
+                written_at(a.clone(), t0 + Duration::from_secs(5)),
+            ),
             ("stale-old".to_owned(), written_at(a.clone(), t0)),
             ("changed".to_owned(), written_at(a.clone(), t0)),
         ]);
         let now = t0 + Duration::from_secs(60);
-        assert_eq!(plan(&desired, &written, now, refresh, 2), ["changed", "stale-old"]);
+        assert_eq!(
+            plan(&desired, &written, now, refresh, 2),
+            ["changed", "stale-old"]
+        );
         assert_eq!(
             plan(&desired, &written, now, refresh, 10),
             ["changed", "stale-old", "stale-new"]

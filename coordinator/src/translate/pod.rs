@@ -526,4 +526,3 @@ fn gpu_request(
     let count = count.max(1);
     (GpuRequest { count, per_gpu }, container)
 }
-

@@ -10,7 +10,6 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
-use tessera_coordinator::crd::{GpuQuota, Queue, QueueSpec};
 use tessera_testcluster::apply;
 
 use crate::e2e::{self, E2e, NS, Setup, pod};
@@ -85,29 +84,11 @@ fn viewer_role() -> Value {
         .expect("the chart renders the ClusterRole tessera-viewer")
 }
 
-async fn create_queue(e2e: &E2e, name: &str, parent: Option<&str>, quota: f64) {
-    let queue = Queue::new(
-        name,
-        QueueSpec {
-            parent: parent.map(str::to_owned),
-            gpu: Some(GpuQuota {
-                quota,
-                ..GpuQuota::default()
-            }),
-            ..QueueSpec::default()
-        },
-    );
-    kube::Api::<Queue>::all(e2e.client.clone())
-        .create(&kube::api::PostParams::default(), &queue)
-        .await
-        .unwrap_or_else(|e| panic!("creating queue {name}: {e}"));
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_tessera_shows_gpus_queues_and_why_with_the_users_own_rbac() {
     let e2e = E2e::start(Setup::one_node()).await;
-    create_queue(&e2e, "research", None, 8.0).await;
-    create_queue(&e2e, "nlp", Some("research"), 8.0).await;
+    e2e.create_queue("research", 8.0).await;
+    e2e.create_queue_under("nlp", Some("research"), 8.0).await;
     // A quarter of one GPU and four whole ones on the 8-GPU node; then a pod asking for all 8,
     // which waits for the five GPUs they hold (same queue and priority: nothing is evicted).
     e2e.create_all([
@@ -116,7 +97,9 @@ async fn kubectl_tessera_shows_gpus_queues_and_why_with_the_users_own_rbac() {
     ])
     .await;
     let running = e2e.wait_running(&["frac".into(), "four".into()]).await;
-    let frac_gpu = e2e::assignment_of(&running[0]).containers[0].gpus[0].uuid.clone();
+    let frac_gpu = e2e::assignment_of(&running[0]).containers[0].gpus[0]
+        .uuid
+        .clone();
     e2e.create(pod("big").gpus(8).queue("nlp")).await;
     e2e.wait_unschedulable("big").await;
 
@@ -132,12 +115,19 @@ async fn kubectl_tessera_shows_gpus_queues_and_why_with_the_users_own_rbac() {
                 .find(|n| n["node"] == "node-a")?["gpus"]
                 .as_array()?
                 .iter()
-                .find(|g| g["shares"].as_array().is_some_and(|s| s.iter().any(|s| s["pod"] == "frac")))?
+                .find(|g| {
+                    g["shares"]
+                        .as_array()
+                        .is_some_and(|s| s.iter().any(|s| s["pod"] == "frac"))
+                })?
                 .clone();
             Some(gpu)
         })
         .await;
-    assert_eq!(gpus["uuid"], frac_gpu, "frac's share is on another GPU: {gpus:#}");
+    assert_eq!(
+        gpus["uuid"], frac_gpu,
+        "frac's share is on another GPU: {gpus:#}"
+    );
     let share = gpus["shares"]
         .as_array()
         .unwrap()
@@ -149,27 +139,36 @@ async fn kubectl_tessera_shows_gpus_queues_and_why_with_the_users_own_rbac() {
     let table = run(&admin, true, &["gpus"]).await;
     assert!(table.ok, "{}", table.stderr);
     assert!(
-        table
-            .stdout
-            .lines()
-            .any(|l| l.starts_with("node-a") && l.contains("default/frac (main)") && l.contains("25%")),
+        table.stdout.lines().any(|l| l.starts_with("node-a")
+            && l.contains("default/frac (main)")
+            && l.contains("25%")),
         "{}",
         table.stdout
     );
-    assert!(table.stdout.contains("8 GPUs: 8 healthy, 3 free"), "{}", table.stdout);
+    assert!(
+        table.stdout.contains("8 GPUs: 8 healthy, 3 free"),
+        "{}",
+        table.stdout
+    );
 
     // queues: nlp under research, holding 4.25 GPUs, with 8 pending.
     let queues = e2e
-        .wait_until("kubectl tessera queues to show nlp's allocation", || async {
-            let r = run(&admin, false, &["queues"]).await;
-            r.stdout
-                .lines()
-                .any(|l| l.starts_with("└─ nlp") && l.split_whitespace().nth(4) == Some("4.25"))
-                .then_some(r.stdout)
-        })
+        .wait_until(
+            "kubectl tessera queues to show nlp's allocation",
+            || async {
+                let r = run(&admin, false, &["queues"]).await;
+                r.stdout
+                    .lines()
+                    .any(|l| l.starts_with("└─ nlp") && l.split_whitespace().nth(4) == Some("4.25"))
+                    .then_some(r.stdout)
+            },
+        )
         .await;
     let lines: Vec<&str> = queues.lines().collect();
-    let research = lines.iter().position(|l| l.starts_with("research ")).expect(&queues);
+    let research = lines
+        .iter()
+        .position(|l| l.starts_with("research "))
+        .expect(&queues);
     assert!(lines[research + 1].starts_with("└─ nlp"), "{queues}");
     let v = parsed(&run(&admin, false, &["queues", "-o", "json"]).await);
     let research = v["queues"]
@@ -185,7 +184,11 @@ async fn kubectl_tessera_shows_gpus_queues_and_why_with_the_users_own_rbac() {
     // why: the coordinator's reason, node-a's verdict and what would make big fit.
     let why = run(&admin, false, &["why", "big", "-n", NS]).await;
     assert!(why.ok, "{}", why.stderr);
-    assert!(why.stdout.contains("The coordinator says (Unschedulable"), "{}", why.stdout);
+    assert!(
+        why.stdout.contains("The coordinator says (Unschedulable"),
+        "{}",
+        why.stdout
+    );
     assert!(
         why.stdout.contains(
             "node node-a: fits once 5 more GPUs are free — held by default/four (main), default/frac (main)"
@@ -198,15 +201,30 @@ async fn kubectl_tessera_shows_gpus_queues_and_why_with_the_users_own_rbac() {
     assert_eq!(v["nodes"][0]["node"], "node-a");
     assert_eq!(v["nodes"][0]["couldFit"], true);
     // By selector: the one of nlp's pods that is not bound.
-    let v = parsed(&run(&admin, false, &["why", "-l", "tessera.dev/queue=nlp", "-o", "json"]).await);
+    let v = parsed(
+        &run(
+            &admin,
+            false,
+            &["why", "-l", "tessera.dev/queue=nlp", "-o", "json"],
+        )
+        .await,
+    );
     assert_eq!(v["pod"], "big");
     let missing = run(&admin, false, &["why", "nobody-here"]).await;
-    assert!(!missing.ok && missing.stderr.contains("pod default/nobody-here not found"), "{}", missing.stderr);
+    assert!(
+        !missing.ok && missing.stderr.contains("pod default/nobody-here not found"),
+        "{}",
+        missing.stderr
+    );
 
     // top --once: the nodes and the queue tree.
     let top = run(&admin, false, &["top", "--once"]).await;
     assert!(top.ok, "{}", top.stderr);
-    assert!(top.stdout.lines().any(|l| l.starts_with("node-a ")), "{}", top.stdout);
+    assert!(
+        top.stdout.lines().any(|l| l.starts_with("node-a ")),
+        "{}",
+        top.stdout
+    );
     assert!(top.stdout.contains("└─ nlp"), "{}", top.stdout);
 
     // A viewer: the chart's role, and reads of its namespace's pods and their events.
@@ -257,10 +275,19 @@ async fn kubectl_tessera_shows_gpus_queues_and_why_with_the_users_own_rbac() {
         .await;
     assert!(seen.to_string().contains("\"frac\""), "{seen:#}");
     let q = run(&viewer, true, &["queues"]).await;
-    assert!(q.ok && q.stdout.contains("└─ nlp"), "{}\n{}", q.stdout, q.stderr);
+    assert!(
+        q.ok && q.stdout.contains("└─ nlp"),
+        "{}\n{}",
+        q.stdout,
+        q.stderr
+    );
     let w = run(&viewer, true, &["why", "big"]).await;
     assert!(w.ok, "{}", w.stderr);
-    assert!(w.stdout.contains("fits once 5 more GPUs are free"), "{}", w.stdout);
+    assert!(
+        w.stdout.contains("fits once 5 more GPUs are free"),
+        "{}",
+        w.stdout
+    );
     assert!(!w.stdout.contains("permission denied"), "{}", w.stdout);
 
     // Without the role: refused, saying what and which role grants it, and no table.
@@ -277,6 +304,10 @@ async fn kubectl_tessera_shows_gpus_queues_and_why_with_the_users_own_rbac() {
         );
     }
     let r = run(&nobody, true, &["why", "big"]).await;
-    assert!(!r.ok && r.stderr.contains("permission denied") && r.stderr.contains("pods"), "{}", r.stderr);
+    assert!(
+        !r.ok && r.stderr.contains("permission denied") && r.stderr.contains("pods"),
+        "{}",
+        r.stderr
+    );
     e2e.shutdown().await;
 }

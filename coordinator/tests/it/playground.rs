@@ -181,7 +181,8 @@ fn the_readme_playground_steps_run_as_written() {
         .position(|l| l.starts_with("research "))
         .unwrap_or_else(|| panic!("no research queue in:\n{stdout}"));
     assert!(
-        lines[research + 1].starts_with("├─ team-a") && lines[research + 2].starts_with("└─ team-b"),
+        lines[research + 1].starts_with("├─ team-a")
+            && lines[research + 2].starts_with("└─ team-b"),
         "{stdout}"
     );
     // kubectl tessera why: the waiting gang member, node by node.

@@ -193,12 +193,24 @@ pub const RULES: &[Rule] = &[
     },
     Rule {
         path: "kubectl-plugin/src/fit.rs",
-        never: &["kube::Api", "kube::Client", "kube::api", "tokio", "crate::client"],
+        never: &[
+            "kube::Api",
+            "kube::Client",
+            "kube::api",
+            "tokio",
+            "crate::client",
+        ],
         why: "fit and the formatting are pure: no API calls, so every verdict is table-tested",
     },
     Rule {
         path: "kubectl-plugin/src/format.rs",
-        never: &["kube::Api", "kube::Client", "kube::api", "tokio", "crate::client"],
+        never: &[
+            "kube::Api",
+            "kube::Client",
+            "kube::api",
+            "tokio",
+            "crate::client",
+        ],
         why: "fit and the formatting are pure: no API calls, so every verdict is table-tested",
     },
 ];

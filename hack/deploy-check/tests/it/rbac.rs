@@ -181,13 +181,19 @@ async fn the_charts_rbac_lets_coordinator_and_agent_do_their_work() {
     // The node's GpuNode view (what `kubectl tessera gpus` reads): created, owned by its Node,
     // and its status written with the shares the agent reports.
     h.wait_until("gpu-0's GpuNode view with the shares held", || async {
-        let view = Api::<GpuNode>::all(h.admin.clone()).get("gpu-0").await.ok()?;
+        let view = Api::<GpuNode>::all(h.admin.clone())
+            .get("gpu-0")
+            .await
+            .ok()?;
         let owner = view.metadata.owner_references.as_ref()?.first()?.clone();
         let status = view.status?;
         (owner.kind == "Node"
             && owner.name == "gpu-0"
             && status.gpu_count == 4
-            && status.gpus.iter().any(|g| g.shares.iter().any(|s| s.pod == "gang-0")))
+            && status
+                .gpus
+                .iter()
+                .any(|g| g.shares.iter().any(|s| s.pod == "gang-0")))
         .then_some(())
     })
     .await;
@@ -423,7 +429,9 @@ fn the_viewer_role_only_reads_tesseras_objects_and_nodes() {
     assert_eq!(granted, want, "{role:#}");
     // Nothing binds it: an admin chooses who views.
     assert!(
-        !docs.iter().any(|d| d["roleRef"]["name"] == "tessera-viewer"),
+        !docs
+            .iter()
+            .any(|d| d["roleRef"]["name"] == "tessera-viewer"),
         "the chart binds tessera-viewer"
     );
 }
