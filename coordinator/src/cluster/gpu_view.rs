@@ -44,6 +44,13 @@ impl Default for GpuViewConfig {
 /// Time between passes.
 const PASS: Duration = Duration::from_secs(1);
 
+/// How long to wait before trying again when the GpuNode CRD is not served.
+const CRD_RETRY: Duration = Duration::from_secs(60);
+
+fn is_not_found(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(s) if s.code == 404)
+}
+
 /// One node's view from its agent's latest report (`observedTime` is set when written).
 pub fn status_of(node: &AgentNode) -> GpuNodeStatus {
     let gpus: Vec<GpuView> = node
@@ -221,6 +228,9 @@ pub async fn run(
         };
         let mut tick = tokio::time::interval(PASS);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Set while the API server does not serve gpunodes (the CRD is not installed): said
+        // once, then tried again now and then rather than every pass.
+        let mut missing_until: Option<Instant> = None;
         while *leading.borrow() {
             tokio::select! {
                 _ = super::super::agents::stopped(&mut shutdown) => return,
@@ -231,6 +241,9 @@ pub async fn run(
                 continue;
             }
             let now = Instant::now();
+            if missing_until.is_some_and(|until| now < until) {
+                continue;
+            }
             let mut desired: BTreeMap<String, GpuNodeStatus> = registry
                 .all()
                 .iter()
@@ -268,6 +281,7 @@ pub async fn run(
                 };
                 match write(&api, &node, &owners[&node], status).await {
                     Ok(()) => {
+                        missing_until = None;
                         written.insert(
                             node,
                             Written {
@@ -277,6 +291,18 @@ pub async fn run(
                         );
                     }
                     Err(error) if super::gate::NotLeading::is(&error) => break,
+                    Err(error) if is_not_found(&error) => {
+                        if missing_until.is_none() {
+                            tracing::warn!(
+                                %error,
+                                "the API server does not serve gpunodes.tessera.dev: install the \
+                                 GpuNode CRD (deploy/crds/gpunodes.yaml, or upgrade the chart) for \
+                                 `kubectl tessera gpus`; trying again every minute"
+                            );
+                        }
+                        missing_until = Some(now + CRD_RETRY);
+                        break;
+                    }
                     Err(error) => tracing::warn!(%node, %error, "writing the node's GpuNode view"),
                 }
             }
@@ -301,9 +327,11 @@ async fn write(
     }
     let patch = serde_json::json!({ "status": body });
     let params = PatchParams::default();
+    // A 404 here is either no object yet or no such resource; the create tells which (its
+    // 404 means the CRD is not served, and is returned).
     match api.patch_status(name, &params, &Patch::Merge(&patch)).await {
         Ok(_) => return Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) if is_not_found(&e) => {}
         Err(e) => return Err(e),
     }
     let mut object = GpuNode::new(name, GpuNodeSpec {});
