@@ -208,12 +208,16 @@ pub async fn run(
         let since = Instant::now();
         // Views an earlier leader wrote: the baseline, so unchanged nodes are not rewritten
         // and nodes whose agent never comes back are shown disconnected.
+        // Per node, the Node uid its view is owned by: a Node deleted and created again under
+        // its name gets a new view (the old one goes with the old Node).
+        let mut owned_by: BTreeMap<String, String> = BTreeMap::new();
         let mut written: BTreeMap<String, Written> = match api.list(&ListParams::default()).await {
             Ok(list) => list
                 .items
                 .into_iter()
                 .filter_map(|o| {
-                    let name = o.metadata.name?;
+                    let name = o.metadata.name.clone()?;
+                    owned_by.insert(name.clone(), owner_uid(&o));
                     let mut status = o.status?;
                     status.observed_time = None;
                     // Measurements from before this leader are refreshed on its first passes.
@@ -269,6 +273,11 @@ pub async fn run(
             });
             // A view is written only for a Node that exists: it is the view's owner.
             desired.retain(|n, _| owners.contains_key(n));
+            written.retain(|n, _| {
+                owners
+                    .get(n)
+                    .is_none_or(|uid| owned_by.get(n).is_none_or(|o| o == uid))
+            });
             for node in plan(
                 &desired,
                 &written,
@@ -280,8 +289,9 @@ pub async fn run(
                     continue;
                 };
                 match write(&api, &node, &owners[&node], status).await {
-                    Ok(()) => {
+                    Ok(owner) => {
                         missing_until = None;
+                        owned_by.insert(node.clone(), owner);
                         written.insert(
                             node,
                             Written {
@@ -310,14 +320,25 @@ pub async fn run(
     }
 }
 
+/// The uid of the Node that owns `view`.
+fn owner_uid(view: &GpuNode) -> String {
+    view.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.kind == "Node")
+        .map(|o| o.uid.clone())
+        .unwrap_or_default()
+}
+
 /// Writes `status` as node `name`'s view, creating its object (owned by the Node, so it goes
-/// with it) when there is none.
+/// with it) when there is none; returns the uid of the Node the object written is owned by.
 async fn write(
     api: &Api<GpuNode>,
     name: &str,
     node_uid: &str,
     status: &GpuNodeStatus,
-) -> Result<(), kube::Error> {
+) -> Result<String, kube::Error> {
     let mut status = status.clone();
     status.observed_time = Some(jiff::Timestamp::now().to_string());
     let mut body = serde_json::to_value(&status).map_err(kube::Error::SerdeError)?;
@@ -330,7 +351,7 @@ async fn write(
     // A 404 here is either no object yet or no such resource; the create tells which (its
     // 404 means the CRD is not served, and is returned).
     match api.patch_status(name, &params, &Patch::Merge(&patch)).await {
-        Ok(_) => return Ok(()),
+        Ok(view) => return Ok(owner_uid(&view)),
         Err(e) if is_not_found(&e) => {}
         Err(e) => return Err(e),
     }
@@ -349,7 +370,7 @@ async fn write(
     }
     api.patch_status(name, &params, &Patch::Merge(&patch))
         .await
-        .map(|_| ())
+        .map(|view| owner_uid(&view))
 }
 
 #[cfg(test)]

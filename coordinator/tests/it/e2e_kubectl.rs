@@ -106,23 +106,27 @@ async fn kubectl_tessera_shows_gpus_queues_and_why_with_the_users_own_rbac() {
     let admin = e2e.cluster().admin_kubeconfig();
 
     // gpus: the quarter on the GPU its assignment names, as JSON and in the table.
+    let holds = |gpu: &Value, pod: &str| {
+        gpu["shares"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|s| s["pod"] == pod))
+    };
     let gpus = e2e
-        .wait_until("kubectl tessera gpus to show frac's share", || async {
-            let v = parsed(&run(&admin, false, &["gpus", "-o", "json"]).await);
-            let gpu = v["nodes"]
-                .as_array()?
-                .iter()
-                .find(|n| n["node"] == "node-a")?["gpus"]
-                .as_array()?
-                .iter()
-                .find(|g| {
-                    g["shares"]
-                        .as_array()
-                        .is_some_and(|s| s.iter().any(|s| s["pod"] == "frac"))
-                })?
-                .clone();
-            Some(gpu)
-        })
+        .wait_until(
+            "kubectl tessera gpus to show frac's and four's shares",
+            || async {
+                let v = parsed(&run(&admin, false, &["gpus", "-o", "json"]).await);
+                let gpus = v["nodes"]
+                    .as_array()?
+                    .iter()
+                    .find(|n| n["node"] == "node-a")?["gpus"]
+                    .as_array()?
+                    .clone();
+                let four = gpus.iter().filter(|g| holds(g, "four")).count();
+                let gpu = gpus.into_iter().find(|g| holds(g, "frac"))?;
+                (four == 4).then_some(gpu)
+            },
+        )
         .await;
     assert_eq!(
         gpus["uuid"], frac_gpu,
@@ -154,12 +158,17 @@ async fn kubectl_tessera_shows_gpus_queues_and_why_with_the_users_own_rbac() {
     // queues: nlp under research, holding 4.25 GPUs, with 8 pending.
     let queues = e2e
         .wait_until(
-            "kubectl tessera queues to show nlp's allocation",
+            "kubectl tessera queues to show nlp's allocation and big pending",
             || async {
                 let r = run(&admin, false, &["queues"]).await;
                 r.stdout
                     .lines()
-                    .any(|l| l.starts_with("└─ nlp") && l.split_whitespace().nth(4) == Some("4.25"))
+                    .any(|l| {
+                        let cells: Vec<&str> = l.split_whitespace().collect();
+                        l.starts_with("└─ nlp")
+                            && cells.get(4) == Some(&"4.25")
+                            && cells.get(5) == Some(&"8")
+                    })
                     .then_some(r.stdout)
             },
         )
