@@ -285,10 +285,11 @@ pub async fn run(
                 config.refresh,
                 config.writes_per_pass,
             ) {
-                let Some(status) = desired.get(&node) else {
+                // `plan` names only nodes of `desired`, which keeps only nodes with an owner.
+                let (Some(status), Some(owner)) = (desired.get(&node), owners.get(&node)) else {
                     continue;
                 };
-                match write(&api, &node, &owners[&node], status).await {
+                match write(&api, &node, owner, status).await {
                     Ok(owner) => {
                         missing_until = None;
                         owned_by.insert(node.clone(), owner);
