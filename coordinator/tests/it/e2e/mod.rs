@@ -307,6 +307,13 @@ impl E2e {
         }
     }
 
+    /// The control plane (kubeconfigs, credentials).
+    pub(crate) fn cluster(&self) -> &Cluster {
+        self.cluster
+            .as_ref()
+            .expect("the cluster runs until shutdown")
+    }
+
     /// Pods in the test namespace.
     pub(crate) fn pods(&self) -> Api<Pod> {
         Api::namespaced(self.client.clone(), NS)
@@ -330,10 +337,22 @@ impl E2e {
 
     /// Creates a top-level queue with `gpu_quota` deserved GPUs and weight 1.
     pub(crate) async fn create_queue(&self, name: &str, gpu_quota: f64) {
+        self.create_queue_under(name, None, gpu_quota).await;
+    }
+
+    /// Creates a queue under `parent` (top-level for `None`) with `gpu_quota` deserved GPUs
+    /// and weight 1.
+    pub(crate) async fn create_queue_under(
+        &self,
+        name: &str,
+        parent: Option<&str>,
+        gpu_quota: f64,
+    ) {
         let queues: Api<Queue> = Api::all(self.client.clone());
         let queue = Queue::new(
             name,
             QueueSpec {
+                parent: parent.map(str::to_owned),
                 gpu: Some(GpuQuota {
                     quota: gpu_quota,
                     over_quota_weight: 1.0,
