@@ -102,6 +102,21 @@ struct RunArgs {
         default_value = tessera_coordinator::agents::DEFAULT_AGENT_USER
     )]
     agent_users: Vec<String>,
+    /// Largest message an agent may send, in bytes; a larger one ends its stream with
+    /// RESOURCE_EXHAUSTED. A 16-GPU node's messages are under 1 MB.
+    #[arg(long, default_value_t = tessera_coordinator::agents::limits::DEFAULT_MAX_MESSAGE_BYTES as u64,
+          value_parser = clap::value_parser!(u64).range(65_536..=268_435_456))]
+    agent_max_message_bytes: u64,
+    /// HTTP/2 streams one agent connection may have open at once (an agent opens one; raise
+    /// it when a proxy carries many agents over one connection).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    agent_max_streams_per_connection: u32,
+    /// TokenReviews one peer address may cause per minute (also its burst); streams beyond
+    /// are refused with RESOURCE_EXHAUSTED. Admissions are cached for 30 s and refusals for
+    /// 10 s, so an agent needs about one per connection.
+    #[arg(long, default_value_t = tessera_coordinator::agents::auth::DEFAULT_REVIEWS_PER_MINUTE,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    agent_token_reviews_per_minute: u32,
     /// Seconds without word from a node's agent after which the node gets no new GPU pods.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     agent_timeout_secs: u64,
@@ -474,7 +489,8 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
             .context("building the Kubernetes client (in-cluster config or KUBECONFIG)")?;
         let authenticator = match args.agent_auth {
             AgentAuth::Tokenreview => Authenticator::token_review(client.clone(), agent_users)
-                .with_audience(Some(args.agent_token_audience.clone())),
+                .with_audience(Some(args.agent_token_audience.clone()))
+                .with_reviews_per_minute(args.agent_token_reviews_per_minute),
             AgentAuth::None => {
                 tracing::warn!("agent authentication is off: any client may report for any node");
                 Authenticator::Disabled
@@ -486,6 +502,11 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
             lease,
             agent_listen,
             agent_tls,
+            agent_limits: tessera_coordinator::agents::StreamLimits {
+                max_message_bytes: usize::try_from(args.agent_max_message_bytes)
+                    .context("--agent-max-message-bytes: too large for this machine")?,
+                max_streams_per_connection: args.agent_max_streams_per_connection,
+            },
             metrics_listen,
             authenticator,
             agent_timeout: Duration::from_secs(args.agent_timeout_secs),

@@ -1,16 +1,24 @@
 //! The coordinator's side of the agent protocol (`tessera.v1.AgentService`, port 7070):
 //! authenticated streams from the node agents feed the [`AgentRegistry`], the live GPU
 //! inventory, health and occupancy per node that the cluster cache joins into snapshots.
+//! Every message is checked against [`limits`] before it is acted on, so the work per
+//! message is bounded whatever it says.
 //!
 //! Never depends on the cluster runtime; the runtime reads the registry.
 
 pub mod auth;
+pub mod limits;
+mod peer_limit;
 pub mod registry;
 pub mod service;
 
-pub use auth::{AuthError, Authenticator, DEFAULT_AGENT_USER, Identity, TokenReviewAuth};
-pub use registry::{AgentNode, AgentRegistry, GpuOccupancy, InventoryError, ShareInfo};
-pub use service::{AgentServer, ServiceOptions};
+#[cfg(test)]
+mod fuzz;
+
+pub use auth::{AuthError, Authenticator, DEFAULT_AGENT_USER, Identity, TokenReviewAuth, Validity};
+pub use limits::FieldError;
+pub use registry::{AgentNode, AgentRegistry, GpuOccupancy, ReportError, ShareInfo};
+pub use service::{AgentServer, ServiceOptions, StreamLimits};
 
 use tessera_proto::tessera::v1::agent_service_server::AgentServiceServer;
 use tokio::sync::watch;
@@ -61,13 +69,25 @@ pub async fn serve_with(
         .map(|a| a.to_string())
         .unwrap_or_default();
     let tls = options.tls.clone();
-    tracing::info!(%addr, tls = tls.is_some(), "agent service listening");
+    let limits = options.limits;
+    tracing::info!(
+        %addr,
+        tls = tls.is_some(),
+        max_message_bytes = limits.max_message_bytes,
+        max_streams_per_connection = limits.max_streams_per_connection,
+        "agent service listening"
+    );
     let service = AgentServer::new(registry, auth, options, shutdown.clone());
     let mut stop = shutdown;
     let until = async move {
         stopped(&mut stop).await;
     };
-    let router = tonic::transport::Server::builder().add_service(AgentServiceServer::new(service));
+    let router = tonic::transport::Server::builder()
+        .max_concurrent_streams(limits.max_streams_per_connection)
+        .concurrency_limit_per_connection(service::AUTHENTICATING_PER_CONNECTION)
+        .add_service(
+            AgentServiceServer::new(service).max_decoding_message_size(limits.max_message_bytes),
+        );
     let served = match tls {
         Some(cert) => {
             router

@@ -2,7 +2,7 @@
 //! NVLink islands derived from the link matrix), health, occupancy, and whether its
 //! agent is connected. Every change that matters to scheduling bumps a watch counter.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,6 +11,8 @@ use tessera_proto::tessera::v1 as pb;
 use tokio::sync::{mpsc, watch};
 
 use tessera_core::model::{Gpu, MigInstance};
+
+use super::limits::{self, FieldError, Steps};
 
 /// What one node's agent last reported.
 #[derive(Clone, Debug)]
@@ -86,23 +88,48 @@ pub struct ShareInfo {
     pub mig_instance_uuid: String,
 }
 
-/// An inventory that cannot be accepted, naming the offending field.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {problem}")]
-pub struct InventoryError {
-    /// Path of the field in the message, e.g. `inventory.gpus[2].uuid`.
-    pub field: String,
-    /// What is wrong and what is accepted.
-    pub problem: String,
-}
-
 /// A report about a GPU the node's inventory does not list.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("GPU {0} is not in the node's inventory")]
 pub struct UnknownGpu(pub String);
 
+/// Why an occupancy or health report was not (wholly) applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReportError {
+    /// The report breaks a limit or is malformed; nothing of it was applied.
+    #[error(transparent)]
+    Invalid(#[from] FieldError),
+    /// It names a GPU the inventory does not list (the rest was applied): the agent knows
+    /// hardware the coordinator does not, and is asked for a resync.
+    #[error(transparent)]
+    UnknownGpu(#[from] UnknownGpu),
+}
+
+/// A node's GPUs (sorted by index) with the position of each by UUID, so a report about
+/// one GPU is one map lookup whatever the node's size.
+#[derive(Clone, Debug, Default)]
+struct Gpus {
+    list: Vec<Gpu>,
+    by_uuid: HashMap<String, usize>,
+}
+
+impl Gpus {
+    /// Converts and checks an inventory (outside any lock: linear, but not free).
+    fn from_inventory(inventory: &pb::NodeInventory, prefix: &str) -> Result<Self, FieldError> {
+        let list = gpus_from_inventory_at(prefix, inventory, &mut Steps::default())?;
+        let by_uuid = list
+            .iter()
+            .enumerate()
+            .map(|(i, g)| (g.uuid.clone(), i))
+            .collect();
+        Ok(Self { list, by_uuid })
+    }
+}
+
 struct Entry {
     view: AgentNode,
+    /// Position of each of `view.gpus` by UUID.
+    by_uuid: HashMap<String, usize>,
     /// Distinguishes streams: a stale stream ending must not disconnect a newer one.
     session: u64,
     /// The open stream's outbound side, for Resync.
@@ -231,8 +258,11 @@ impl AgentRegistry {
         inventory: &pb::NodeInventory,
         protocol_version: u32,
         outbound: mpsc::Sender<pb::CoordinatorMessage>,
-    ) -> Result<Session, InventoryError> {
-        let gpus = gpus_from_inventory(inventory)?;
+    ) -> Result<Session, FieldError> {
+        let Gpus {
+            list: gpus,
+            by_uuid,
+        } = Gpus::from_inventory(inventory, "hello.inventory")?;
         let id = {
             let mut next = self.inner.next_session.lock();
             *next += 1;
@@ -257,16 +287,20 @@ impl AgentRegistry {
             };
             // Health is not part of the inventory; keep what we knew until the agent's
             // first occupancy snapshot says otherwise.
-            if let Some(prev) = previous {
+            if let Some(prev) = &previous {
                 // Counted per node, not per stream: a wait for "the next report" survives a
                 // reconnect.
                 view.occupancy_reports = prev.view.occupancy_reports;
-                carry_health(&prev.view, &mut view);
+                carry_health(&prev.view, &prev.by_uuid, &mut view);
             }
+            // Dropping the previous entry drops its stream's side channel: that stream
+            // learns it was replaced and ends (one live stream per node).
+            drop(previous);
             nodes.insert(
                 node.clone(),
                 Entry {
                     view,
+                    by_uuid,
                     session: id,
                     outbound: Some(outbound),
                 },
@@ -293,19 +327,23 @@ impl AgentRegistry {
         &self,
         session: &Session,
         inventory: &pb::NodeInventory,
-    ) -> Result<(), InventoryError> {
-        let gpus = gpus_from_inventory(inventory)?;
+    ) -> Result<(), FieldError> {
+        let Gpus {
+            list: gpus,
+            by_uuid,
+        } = Gpus::from_inventory(inventory, "inventory")?;
         let changed = self.with_current(session, |e| {
-            let old = e.view.clone();
-            e.view.gpus = gpus;
+            let old_gpus = std::mem::replace(&mut e.view.gpus, gpus);
+            let old_index = std::mem::replace(&mut e.by_uuid, by_uuid);
+            let old_shares = e.view.shares_per_gpu;
+            let old_reasons = std::mem::take(&mut e.view.health_reasons);
             e.view.agent_version = inventory.agent_version.clone();
             e.view.shares_per_gpu = inventory.shares_per_gpu;
             e.view.last_seen = Instant::now();
-            carry_health(&old, &mut e.view);
-            e.view
-                .occupancy
-                .retain(|uuid, _| e.view.gpus.iter().any(|g| &g.uuid == uuid));
-            old.gpus != e.view.gpus || old.shares_per_gpu != e.view.shares_per_gpu
+            carry_health_from(&old_gpus, &old_index, &old_reasons, &mut e.view);
+            let index = &e.by_uuid;
+            e.view.occupancy.retain(|uuid, _| index.contains_key(uuid));
+            old_gpus != e.view.gpus || old_shares != e.view.shares_per_gpu
         });
         if changed == Some(true) {
             self.bump();
@@ -314,44 +352,56 @@ impl AgentRegistry {
     }
 
     /// Stores a full occupancy snapshot (health included). Unknown GPUs are reported
-    /// back so the caller can ask for a resync; the known ones are still applied.
+    /// back so the caller can ask for a resync; the known ones are still applied. A
+    /// snapshot over a limit is refused whole.
     pub fn set_occupancy(
         &self,
         session: &Session,
         occupancy: &pb::Occupancy,
-    ) -> Result<(), UnknownGpu> {
+    ) -> Result<(), ReportError> {
+        limits::check_occupancy(occupancy, &mut Steps::default())?;
+        // Converted before the lock is taken: under it, one map lookup per GPU.
+        let reported: Vec<(&str, Option<bool>, GpuOccupancy)> = occupancy
+            .gpus
+            .iter()
+            .map(|o| {
+                let healthy = match pb::Health::try_from(o.health) {
+                    Ok(pb::Health::Healthy) => Some(true),
+                    Ok(pb::Health::Unhealthy) => Some(false),
+                    // An unspecified health keeps what we knew.
+                    _ => None,
+                };
+                let next = GpuOccupancy {
+                    healthy: false,
+                    shares: o.shares.iter().map(share).collect(),
+                    used_memory_mib: o.used_memory_mib,
+                    utilization_percent: o.utilization_percent,
+                };
+                (o.gpu_uuid.as_str(), healthy, next)
+            })
+            .collect();
+        let allocated: BTreeSet<String> = occupancy.allocated_pod_uids.iter().cloned().collect();
         let mut unknown = None;
         let changed = self.with_current(session, |e| {
             e.view.last_seen = Instant::now();
             e.view.occupancy_reports += 1;
             let mut changed = false;
-            for o in &occupancy.gpus {
-                let Some(gpu) = e.view.gpus.iter_mut().find(|g| g.uuid == o.gpu_uuid) else {
+            for ((uuid, healthy, mut next), o) in reported.into_iter().zip(&occupancy.gpus) {
+                let Some(&at) = e.by_uuid.get(uuid) else {
                     if unknown.is_none() {
-                        unknown = Some(UnknownGpu(o.gpu_uuid.clone()));
+                        unknown = Some(UnknownGpu(uuid.to_owned()));
                     }
                     continue;
                 };
-                // An unspecified health keeps what we knew.
-                let healthy = match pb::Health::try_from(o.health) {
-                    Ok(pb::Health::Healthy) => true,
-                    Ok(pb::Health::Unhealthy) => false,
-                    _ => gpu.healthy,
-                };
+                let gpu = &mut e.view.gpus[at];
+                let healthy = healthy.unwrap_or(gpu.healthy);
                 changed |= apply_health(gpu, &mut e.view.health_reasons, healthy, &o.health_reason);
-                let next = GpuOccupancy {
-                    healthy,
-                    shares: o.shares.iter().map(share).collect(),
-                    used_memory_mib: o.used_memory_mib,
-                    utilization_percent: o.utilization_percent,
-                };
-                if e.view.occupancy.get(&o.gpu_uuid) != Some(&next) {
-                    e.view.occupancy.insert(o.gpu_uuid.clone(), next);
+                next.healthy = healthy;
+                if e.view.occupancy.get(uuid) != Some(&next) {
+                    e.view.occupancy.insert(uuid.to_owned(), next);
                     changed = true;
                 }
             }
-            let allocated: BTreeSet<String> =
-                occupancy.allocated_pod_uids.iter().cloned().collect();
             if e.view.allocated_pods != allocated {
                 e.view.allocated_pods = allocated;
                 changed = true;
@@ -361,7 +411,7 @@ impl AgentRegistry {
         if changed == Some(true) {
             self.bump();
         }
-        unknown.map_or(Ok(()), Err)
+        unknown.map_or(Ok(()), |u| Err(u.into()))
     }
 
     /// Applies one GPU's health change.
@@ -369,7 +419,8 @@ impl AgentRegistry {
         &self,
         session: &Session,
         change: &pb::HealthChange,
-    ) -> Result<(), UnknownGpu> {
+    ) -> Result<(), ReportError> {
+        limits::check_health_change(change, &mut Steps::default())?;
         let healthy = match pb::Health::try_from(change.health) {
             Ok(pb::Health::Healthy) => true,
             Ok(pb::Health::Unhealthy) => false,
@@ -379,16 +430,17 @@ impl AgentRegistry {
                 return Ok(());
             }
         };
+        let reason = if change.reason.is_empty() && change.xid != 0 {
+            format!("XID {}", change.xid)
+        } else {
+            change.reason.clone()
+        };
         let outcome = self.with_current(session, |e| {
             e.view.last_seen = Instant::now();
-            let Some(gpu) = e.view.gpus.iter_mut().find(|g| g.uuid == change.gpu_uuid) else {
+            let Some(&at) = e.by_uuid.get(&change.gpu_uuid) else {
                 return Err(UnknownGpu(change.gpu_uuid.clone()));
             };
-            let reason = if change.reason.is_empty() && change.xid != 0 {
-                format!("XID {}", change.xid)
-            } else {
-                change.reason.clone()
-            };
+            let gpu = &mut e.view.gpus[at];
             let changed = apply_health(gpu, &mut e.view.health_reasons, healthy, &reason);
             if let Some(o) = e.view.occupancy.get_mut(&change.gpu_uuid) {
                 o.healthy = healthy;
@@ -400,7 +452,7 @@ impl AgentRegistry {
                 self.bump();
                 Ok(())
             }
-            Some(Err(e)) => Err(e),
+            Some(Err(e)) => Err(e.into()),
             _ => Ok(()),
         }
     }
@@ -657,11 +709,21 @@ fn apply_health(
     changed
 }
 
-fn carry_health(old: &AgentNode, new: &mut AgentNode) {
+/// Keeps each GPU's known health (and reason) across a new inventory of the same node.
+fn carry_health(old: &AgentNode, old_index: &HashMap<String, usize>, new: &mut AgentNode) {
+    carry_health_from(&old.gpus, old_index, &old.health_reasons, new);
+}
+
+fn carry_health_from(
+    old_gpus: &[Gpu],
+    old_index: &HashMap<String, usize>,
+    old_reasons: &BTreeMap<String, String>,
+    new: &mut AgentNode,
+) {
     for gpu in &mut new.gpus {
-        if let Some(prev) = old.gpus.iter().find(|g| g.uuid == gpu.uuid) {
+        if let Some(prev) = old_index.get(&gpu.uuid).and_then(|&i| old_gpus.get(i)) {
             gpu.healthy = prev.healthy;
-            if let Some(r) = old.health_reasons.get(&gpu.uuid) {
+            if let Some(r) = old_reasons.get(&gpu.uuid) {
                 new.health_reasons.insert(gpu.uuid.clone(), r.clone());
             }
         }
@@ -682,33 +744,25 @@ fn share(s: &pb::Share) -> ShareInfo {
     }
 }
 
-/// Converts and checks an inventory: node name present, GPU UUIDs unique and non-empty,
-/// links between listed GPUs only. GPUs come back sorted by index, all healthy.
-pub fn gpus_from_inventory(inv: &pb::NodeInventory) -> Result<Vec<Gpu>, InventoryError> {
-    let err = |field: String, problem: &str| InventoryError {
-        field,
-        problem: problem.to_owned(),
-    };
-    if inv.node_name.is_empty() {
-        return Err(err(
-            "inventory.node_name".into(),
-            "required: the Kubernetes node name the agent runs on",
-        ));
-    }
+/// Converts and checks an inventory ([`limits::check_inventory`]: caps, node name present,
+/// GPU UUIDs unique and non-empty, links between listed GPUs only). GPUs come back sorted
+/// by index, all healthy. Linear in the inventory.
+pub fn gpus_from_inventory(inv: &pb::NodeInventory) -> Result<Vec<Gpu>, FieldError> {
+    gpus_from_inventory_at("inventory", inv, &mut Steps::default())
+}
+
+/// [`gpus_from_inventory`] for the inventory at `prefix` in its message, counting `steps`.
+pub(crate) fn gpus_from_inventory_at(
+    prefix: &str,
+    inv: &pb::NodeInventory,
+    steps: &mut Steps,
+) -> Result<Vec<Gpu>, FieldError> {
+    limits::check_inventory(prefix, inv, steps)?;
+    let mut position: HashMap<&str, usize> = HashMap::with_capacity(inv.gpus.len());
     let mut gpus: Vec<Gpu> = Vec::with_capacity(inv.gpus.len());
     for (i, g) in inv.gpus.iter().enumerate() {
-        if g.uuid.is_empty() {
-            return Err(err(
-                format!("inventory.gpus[{i}].uuid"),
-                "required: the NVML UUID such as GPU-5f1c...",
-            ));
-        }
-        if gpus.iter().any(|o| o.uuid == g.uuid) {
-            return Err(err(
-                format!("inventory.gpus[{i}].uuid"),
-                &format!("{} appears twice; each GPU must be listed once", g.uuid),
-            ));
-        }
+        steps.0 += 1 + g.mig_instances.len() as u64;
+        position.insert(g.uuid.as_str(), i);
         let mig = g.mig_enabled.then(|| {
             g.mig_instances
                 .iter()
@@ -730,28 +784,21 @@ pub fn gpus_from_inventory(inv: &pb::NodeInventory) -> Result<Vec<Gpu>, Inventor
             fence: None,
         });
     }
-    let links = inv
-        .links
-        .as_ref()
-        .map(|l| l.links.as_slice())
-        .unwrap_or(&[]);
+    let links = inv.links.as_ref().map_or(&[][..], |l| l.links.as_slice());
     let mut edges = Vec::new();
-    for (i, l) in links.iter().enumerate() {
-        let a = gpus.iter().position(|g| g.uuid == l.gpu_a);
-        let b = gpus.iter().position(|g| g.uuid == l.gpu_b);
-        let (Some(a), Some(b)) = (a, b) else {
-            return Err(err(
-                format!("inventory.links.links[{i}]"),
-                &format!(
-                    "links {} and {}, but both must be GPUs listed in inventory.gpus",
-                    l.gpu_a, l.gpu_b
-                ),
-            ));
-        };
-        if a != b && (l.nvlink_count > 0 || l.nvswitch) {
+    for l in links {
+        steps.tick();
+        // Both ends are listed: `check_inventory` refused the inventory otherwise.
+        if let (Some(&a), Some(&b)) = (
+            position.get(l.gpu_a.as_str()),
+            position.get(l.gpu_b.as_str()),
+        ) && a != b
+            && (l.nvlink_count > 0 || l.nvswitch)
+        {
             edges.push((a, b));
         }
     }
+    steps.0 += (gpus.len() + edges.len()) as u64;
     let islands = nvlink_islands(gpus.len(), &edges);
     for (gpu, island) in gpus.iter_mut().zip(islands) {
         gpu.nvlink_island = island;
@@ -798,14 +845,19 @@ pub fn nvlink_islands(n: usize, edges: &[(usize, usize)]) -> Vec<Option<u32>> {
 
 /// Compute share of a MIG instance: the compute slices it holds of the GPU's, as its agent
 /// reports them; from an agent that does not, its share of the GPU's memory.
+/// Computed wide, so no reported value can overflow; the result is at most 1000.
 fn mig_compute_milli(m: &pb::MigInstance, gpu_memory_mib: u64) -> u32 {
-    if m.compute_slices > 0 && m.gpu_compute_slices >= m.compute_slices {
-        return m.compute_slices * 1000 / m.gpu_compute_slices;
-    }
-    if gpu_memory_mib == 0 {
-        return 0;
-    }
-    ((m.memory_mib.min(gpu_memory_mib) * 1000) / gpu_memory_mib) as u32
+    let milli = if m.compute_slices > 0 && m.gpu_compute_slices >= m.compute_slices {
+        u64::from(m.compute_slices) * 1000 / u64::from(m.gpu_compute_slices)
+    } else if gpu_memory_mib == 0 {
+        0
+    } else {
+        let share =
+            u128::from(m.memory_mib.min(gpu_memory_mib)) * 1000 / u128::from(gpu_memory_mib);
+        share as u64
+    };
+    // At most 1000 by construction (a part over its whole, in thousandths).
+    u32::try_from(milli).unwrap_or(1000)
 }
 
 #[cfg(test)]
@@ -937,6 +989,9 @@ mod tests {
                 ..Default::default()
             },
         );
-        assert_eq!(unknown, Err(UnknownGpu("GPU-7".into())));
+        assert_eq!(
+            unknown,
+            Err(ReportError::UnknownGpu(UnknownGpu("GPU-7".into())))
+        );
     }
 }

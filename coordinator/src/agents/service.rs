@@ -1,9 +1,12 @@
-//! The `tessera.v1.AgentService/Connect` server: authenticate, read Hello, negotiate the
-//! protocol revision, Welcome or Reject, then feed the registry until the stream ends.
+//! The `tessera.v1.AgentService/Connect` server: authenticate, read Hello, check it,
+//! negotiate the protocol revision, Welcome or Reject, then feed the registry until the
+//! stream ends: the agent leaves, falls silent, breaks a limit, is replaced by a newer stream
+//! of its node, or its token expires.
 
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use futures::Stream;
 use tessera_proto::tessera::v1 as pb;
@@ -14,13 +17,16 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::auth::{Authenticator, Identity};
-use super::registry::{AgentRegistry, Session};
+use super::auth::{AuthError, Authenticator, Identity, Validity};
+use super::limits::{self, Steps};
+use super::registry::{AgentRegistry, ReportError, Session};
 
 /// Heartbeats missed before a silent agent's stream is closed.
 const MISSED_HEARTBEATS: u32 = 3;
 /// Outbound messages queued per stream.
 const OUTBOUND_QUEUE: usize = 64;
+/// Streams being opened (authenticated) at once on one connection: the rest wait their turn.
+pub(crate) const AUTHENTICATING_PER_CONNECTION: usize = 4;
 
 /// Settings of the agent service.
 #[derive(Clone, Debug)]
@@ -36,6 +42,8 @@ pub struct ServiceOptions {
     pub leadership: Option<watch::Receiver<bool>>,
     /// Serve TLS with this certificate (re-read as it rotates); `None` serves plaintext.
     pub tls: Option<crate::tls::ReloadingCert>,
+    /// How much one connection and one message may ask of the service.
+    pub limits: StreamLimits,
 }
 
 impl Default for ServiceOptions {
@@ -45,6 +53,27 @@ impl Default for ServiceOptions {
             heartbeat_interval: Duration::from_secs(10),
             leadership: None,
             tls: None,
+            limits: StreamLimits::default(),
+        }
+    }
+}
+
+/// Bounds on what one client may ask of the agent service, whatever it sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamLimits {
+    /// Largest agent message accepted, in bytes (`--agent-max-message-bytes`); a larger
+    /// one ends its stream with RESOURCE_EXHAUSTED.
+    pub max_message_bytes: usize,
+    /// Streams one HTTP/2 connection may have open at once
+    /// (`--agent-max-streams-per-connection`); an agent opens one.
+    pub max_streams_per_connection: u32,
+}
+
+impl Default for StreamLimits {
+    fn default() -> Self {
+        Self {
+            max_message_bytes: limits::DEFAULT_MAX_MESSAGE_BYTES,
+            max_streams_per_connection: 16,
         }
     }
 }
@@ -112,17 +141,18 @@ impl AgentService for AgentServer {
             .get("authorization")
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        let identity = match self.auth.authenticate(authorization.as_deref()).await {
-            Ok(identity) => identity,
-            Err(error) => {
-                tracing::warn!(?peer, %error, "agent stream refused");
-                return Err(error.to_status());
-            }
-        };
+        // Refusals are logged by the authenticator, which can tell a repeat from news.
+        let identity = self
+            .auth
+            .authenticate(authorization.as_deref(), peer.map(|p| p.ip()))
+            .await
+            .map_err(|error| error.to_status())?;
         let (tx, rx) = mpsc::channel(OUTBOUND_QUEUE);
         let stream = Stream_ {
             server: self.clone(),
             identity,
+            authorization,
+            peer,
             inbound: request.into_inner(),
             tx,
         };
@@ -137,6 +167,10 @@ impl AgentService for AgentServer {
 struct Stream_ {
     server: AgentServer,
     identity: Identity,
+    /// The credentials the stream was opened with, to review again when they have no
+    /// readable expiry.
+    authorization: Option<String>,
+    peer: Option<SocketAddr>,
     inbound: Streaming<pb::AgentMessage>,
     tx: Outbound,
 }
@@ -147,7 +181,51 @@ enum End {
     Silent,
     Shutdown,
     Refused(Status),
+    Replaced,
     Gone,
+}
+
+/// What an inbound error says about the agent: a message over the size limit or one that
+/// does not decode is the agent's fault and is answered; anything else (a reset, a closed
+/// connection) leaves nobody to answer.
+fn inbound_failure(status: &Status, limit: usize) -> Option<Status> {
+    match status.code() {
+        // tonic refuses a message longer than its limit from the length prefix alone.
+        tonic::Code::OutOfRange | tonic::Code::ResourceExhausted => {
+            Some(Status::resource_exhausted(format!(
+                "agent message over the coordinator's limit of {limit} bytes \
+                 (--agent-max-message-bytes): {}",
+                status.message()
+            )))
+        }
+        tonic::Code::Internal => Some(Status::invalid_argument(format!(
+            "agent message could not be decoded as tessera.v1.AgentMessage: {}",
+            status.message()
+        ))),
+        _ => None,
+    }
+}
+
+/// When a stream's credentials are looked at again.
+fn recheck_at(valid: Validity) -> Option<Instant> {
+    match valid {
+        Validity::Always => None,
+        Validity::Until(expiry) => Some(
+            Instant::now()
+                + expiry
+                    .duration_since(SystemTime::now())
+                    .unwrap_or(Duration::ZERO),
+        ),
+        Validity::ReviewAgainAfter(after) => Some(Instant::now() + after),
+    }
+}
+
+/// Resolves at `at`; never when there is none.
+async fn until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 impl Stream_ {
@@ -167,8 +245,14 @@ impl Stream_ {
                     .await;
             }
             Ok(Some(Err(status))) => {
-                tracing::debug!(%status, "agent stream failed before Hello");
-                return;
+                let limit = self.server.options.limits.max_message_bytes;
+                return match inbound_failure(&status, limit) {
+                    Some(answer) => {
+                        tracing::warn!(peer = ?self.peer, status = %answer, "agent stream refused");
+                        self.refuse(answer).await
+                    }
+                    None => tracing::debug!(%status, "agent stream failed before Hello"),
+                };
             }
             Ok(None) => return,
             Err(_) => {
@@ -179,10 +263,31 @@ impl Stream_ {
                     .await;
             }
         };
+        // Checked before anything reads it, the log lines below included.
+        let Some(inventory) = hello.inventory else {
+            return self
+                .refuse(Status::invalid_argument(
+                    "hello.inventory: required, the node's GPU inventory",
+                ))
+                .await;
+        };
+        if let Err(error) =
+            limits::check_inventory("hello.inventory", &inventory, &mut Steps::default())
+        {
+            tracing::warn!(
+                peer = ?self.peer,
+                user = %self.identity.username,
+                %error,
+                "agent stream refused"
+            );
+            return self
+                .refuse(Status::invalid_argument(error.to_string()))
+                .await;
+        }
         let accepted = match pb::negotiate_protocol(pb::PROTOCOL_VERSION, hello.protocol_version) {
             Ok(v) => v,
             Err(reject) => {
-                let node = hello.inventory.map(|i| i.node_name).unwrap_or_default();
+                let node = &inventory.node_name;
                 tracing::warn!(%node, reason = %reject.reason, "agent protocol rejected");
                 let _ = self
                     .tx
@@ -192,13 +297,6 @@ impl Stream_ {
                     .await;
                 return;
             }
-        };
-        let Some(inventory) = hello.inventory else {
-            return self
-                .refuse(Status::invalid_argument(
-                    "Hello.inventory: required, the node's GPU inventory",
-                ))
-                .await;
         };
         if let Err(error) = self.identity.check_node(&inventory.node_name) {
             tracing::warn!(node = %inventory.node_name, %error, "agent stream refused");
@@ -210,7 +308,7 @@ impl Stream_ {
             Ok(s) => s,
             Err(error) => {
                 return self
-                    .refuse(Status::invalid_argument(format!("Hello.{error}")))
+                    .refuse(Status::invalid_argument(error.to_string()))
                     .await;
             }
         };
@@ -248,6 +346,15 @@ impl Stream_ {
                 "agent missed {MISSED_HEARTBEATS} heartbeats; stream closed"
             ),
             End::Shutdown => tracing::debug!(node = %session.node, "stream closed for shutdown"),
+            End::Replaced => {
+                tracing::info!(node = %session.node, "agent stream replaced by a newer one from its node");
+                let _ = self
+                    .tx
+                    .send(Err(Status::aborted(
+                        "a newer stream from this node replaced this one",
+                    )))
+                    .await;
+            }
             End::Gone => tracing::info!(node = %session.node, "agent stream ended"),
         }
     }
@@ -285,12 +392,17 @@ impl Stream_ {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_heard = Instant::now();
         let mut sequence = 0u64;
+        let mut recheck = recheck_at(self.identity.valid);
         loop {
             tokio::select! {
                 incoming = self.inbound.next() => {
                     let message = match incoming {
                         None => return End::AgentClosed,
                         Some(Err(status)) => {
+                            let limit = self.server.options.limits.max_message_bytes;
+                            if let Some(answer) = inbound_failure(&status, limit) {
+                                return End::Refused(answer);
+                            }
                             tracing::debug!(node = %session.node, %status, "agent stream error");
                             return End::AgentClosed;
                         }
@@ -306,9 +418,17 @@ impl Stream_ {
                         return End::Gone;
                     }
                 }
-                Some(message) = side.recv() => {
+                message = side.recv() => {
+                    // The registry dropped its sender: a newer stream of this node took over.
+                    let Some(message) = message else { return End::Replaced };
                     if self.tx.send(Ok(message)).await.is_err() {
                         return End::Gone;
+                    }
+                }
+                () = until(recheck) => {
+                    match self.recheck(session).await {
+                        Ok(next) => recheck = next,
+                        Err(status) => return End::Refused(status),
                     }
                 }
                 _ = tick.tick() => {
@@ -331,18 +451,47 @@ impl Stream_ {
         }
     }
 
+    /// Looks at the stream's credentials again when they run out: an expired token ends
+    /// the stream; one without a readable expiry is reviewed again. The next time to look,
+    /// or the status that ends the stream.
+    async fn recheck(&mut self, session: &Session) -> Result<Option<Instant>, Status> {
+        if let Validity::Until(_) = self.identity.valid {
+            tracing::info!(node = %session.node, "agent token expired; stream closed");
+            return Err(AuthError::Expired.to_status());
+        }
+        let identity = self
+            .server
+            .auth
+            .authenticate(self.authorization.as_deref(), self.peer.map(|p| p.ip()))
+            .await
+            .map_err(|error| error.to_status())?;
+        identity
+            .check_node(&session.node)
+            .map_err(|error| error.to_status())?;
+        self.identity = identity;
+        Ok(recheck_at(self.identity.valid))
+    }
+
     /// Applies one agent message; `Some` ends the stream.
     async fn handle(&mut self, session: &Session, message: pb::AgentMessage) -> Option<End> {
         use pb::agent_message::Body;
         let registry = &self.server.registry;
-        let unknown = match message.body {
+        let refused = |error: &dyn std::fmt::Display| {
+            Some(End::Refused(Status::invalid_argument(error.to_string())))
+        };
+        let reported = match message.body {
             Some(Body::Heartbeat(_)) | None => {
                 registry.touch(session);
-                None
+                Ok(())
             }
-            Some(Body::Occupancy(o)) => registry.set_occupancy(session, &o).err(),
-            Some(Body::HealthChange(h)) => registry.set_health(session, &h).err(),
+            Some(Body::Occupancy(o)) => registry.set_occupancy(session, &o),
+            Some(Body::HealthChange(h)) => registry.set_health(session, &h),
             Some(Body::Inventory(inv)) => {
+                if let Err(error) =
+                    limits::check_inventory("inventory", &inv, &mut Steps::default())
+                {
+                    return refused(&error);
+                }
                 if inv.node_name != session.node {
                     return Some(End::Refused(Status::invalid_argument(format!(
                         "inventory.node_name: {:?} differs from the stream's node {:?}; \
@@ -351,15 +500,20 @@ impl Stream_ {
                     ))));
                 }
                 if let Err(error) = registry.replace_inventory(session, &inv) {
-                    return Some(End::Refused(Status::invalid_argument(error.to_string())));
+                    return refused(&error);
                 }
-                None
+                Ok(())
             }
             Some(Body::Hello(_)) => {
                 return Some(End::Refused(Status::failed_precondition(
                     "Hello is only valid as the first message of a stream; open a new stream to reconnect",
                 )));
             }
+        };
+        let unknown = match reported {
+            Ok(()) => None,
+            Err(ReportError::Invalid(error)) => return refused(&error),
+            Err(ReportError::UnknownGpu(gpu)) => Some(gpu),
         };
         if let Some(gpu) = unknown {
             // The agent knows hardware we do not: ask for the whole picture again.

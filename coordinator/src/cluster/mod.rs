@@ -76,6 +76,8 @@ pub struct CoordinatorConfig {
     pub agent_listen: Option<SocketAddr>,
     /// The agent service's certificate (TLS); `None` serves plaintext.
     pub agent_tls: Option<crate::tls::CertFiles>,
+    /// What one agent connection and message may ask of the agent service.
+    pub agent_limits: crate::agents::StreamLimits,
     /// Where `/metrics`, `/healthz`, `/readyz` are served (`0.0.0.0:9090`); `None` = none.
     pub metrics_listen: Option<SocketAddr>,
     /// How agents prove who they are.
@@ -114,6 +116,7 @@ impl Default for CoordinatorConfig {
             lease: leader::LeaseConfig::default(),
             agent_listen: None,
             agent_tls: None,
+            agent_limits: crate::agents::StreamLimits::default(),
             metrics_listen: None,
             authenticator: Authenticator::Disabled,
             agent_timeout: Duration::from_secs(30),
@@ -190,6 +193,7 @@ impl Coordinator {
                 coordinator_id: config.identity.clone(),
                 leadership: Some(is_leader.clone()),
                 tls,
+                limits: config.agent_limits,
                 ..Default::default()
             };
             tasks.push(tokio::spawn(async move {

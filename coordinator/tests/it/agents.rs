@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
-use tessera_coordinator::agents::{self, AgentRegistry, Authenticator, ServiceOptions};
+use prost::Message;
+use tessera_coordinator::agents::{
+    self, AgentRegistry, Authenticator, ServiceOptions, StreamLimits,
+};
 use tessera_proto::tessera::v1 as pb;
 use tessera_proto::tessera::v1::agent_service_client::AgentServiceClient;
 use tessera_testcluster::{Cluster, ClusterOptions, pod_bound_token};
@@ -31,14 +34,16 @@ struct Service {
 impl Service {
     /// The service with heartbeats every `heartbeat` (an agent silent for three is dropped).
     async fn start(auth: Authenticator, heartbeat: Duration) -> Service {
-        Service::start_with(auth, heartbeat, None).await
+        Service::start_with(auth, heartbeat, None, StreamLimits::default()).await
     }
 
-    /// Like [`Service::start`], accepting streams only while `leadership` reads true.
+    /// Like [`Service::start`], accepting streams only while `leadership` reads true, within
+    /// `limits`.
     async fn start_with(
         auth: Authenticator,
         heartbeat: Duration,
         leadership: Option<watch::Receiver<bool>>,
+        limits: StreamLimits,
     ) -> Service {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -48,7 +53,8 @@ impl Service {
             coordinator_id: "coordinator-test".into(),
             heartbeat_interval: heartbeat,
             leadership,
-            tls: None,
+            limits,
+            ..ServiceOptions::default()
         };
         let task = tokio::spawn(agents::serve_with(
             listener,
@@ -435,7 +441,13 @@ async fn first_message_must_be_hello_and_inventory_must_be_consistent() {
 #[tokio::test]
 async fn only_the_leader_keeps_agent_streams() {
     let (leading, leadership) = watch::channel(false);
-    let service = Service::start_with(Authenticator::Disabled, SLOW_BEAT, Some(leadership)).await;
+    let service = Service::start_with(
+        Authenticator::Disabled,
+        SLOW_BEAT,
+        Some(leadership),
+        StreamLimits::default(),
+    )
+    .await;
     let refused = FakeAgent::connect(service.addr, None, hello("node-a", pb::PROTOCOL_VERSION))
         .await
         .err()
@@ -475,6 +487,102 @@ async fn only_the_leader_keeps_agent_streams() {
         })
         .await;
     drop(agent);
+    service.shutdown().await;
+}
+
+/// The status a stream ends with, skipping the messages before it.
+async fn end_status(agent: &mut FakeAgent) -> Status {
+    loop {
+        match agent.next().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the stream ended with OK and no message"),
+            Err(status) => return status,
+        }
+    }
+}
+
+/// A report over a cap, and a message over the size limit, end the stream with a status
+/// that names the cause, never with OK. Fails on the code before #33: there were no caps,
+/// and an oversized message ended the stream with status OK.
+#[tokio::test]
+async fn a_report_over_a_limit_ends_its_stream_naming_the_cause() {
+    let limits = StreamLimits {
+        max_message_bytes: 64 * 1024,
+        ..StreamLimits::default()
+    };
+    let service = Service::start_with(Authenticator::Disabled, SLOW_BEAT, None, limits).await;
+    // `n` shares on GPU 0, each naming a pod of `name` bytes.
+    let shares = |n: usize, name: usize| {
+        let pb::agent_message::Body::Occupancy(mut o) = occupancy(&[]) else {
+            unreachable!("occupancy() builds an occupancy")
+        };
+        let mut share = o.gpus[0].shares[0].clone();
+        share.pod_name = "p".repeat(name);
+        o.gpus[0].shares = vec![share; n];
+        pb::agent_message::Body::Occupancy(o)
+    };
+
+    let mut agent = FakeAgent::connect(service.addr, None, hello("node-a", pb::PROTOCOL_VERSION))
+        .await
+        .unwrap()
+        .beat();
+    agent.expect_welcome().await;
+    agent.send(shares(1025, 1)).await;
+    let status = end_status(&mut agent).await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("occupancy.gpus[0].shares")
+            && status.message().contains("at most 1024 shares per GPU"),
+        "{}",
+        status.message()
+    );
+
+    let mut agent = FakeAgent::connect(service.addr, None, hello("node-a", pb::PROTOCOL_VERSION))
+        .await
+        .unwrap()
+        .beat();
+    agent.expect_welcome().await;
+    // Within the caps, over 64 KiB.
+    let over = shares(1000, 100);
+    assert!(msg(over.clone()).encoded_len() > 64 * 1024);
+    agent.send(over).await;
+    let status = end_status(&mut agent).await;
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("65536 bytes (--agent-max-message-bytes)"),
+        "{}",
+        status.message()
+    );
+    service.shutdown().await;
+}
+
+/// One live stream per node: a newer stream of the node ends the older one, so a token
+/// cannot hold many streams of one node open. Fails on the code before #33: the older
+/// stream stayed open, fed by nothing.
+#[tokio::test]
+async fn a_newer_stream_of_a_node_ends_the_older_one() {
+    let service = Service::start(Authenticator::Disabled, SLOW_BEAT).await;
+    let mut old = FakeAgent::connect(service.addr, None, hello("node-a", pb::PROTOCOL_VERSION))
+        .await
+        .unwrap()
+        .beat();
+    old.expect_welcome().await;
+    let mut new = FakeAgent::connect(service.addr, None, hello("node-a", pb::PROTOCOL_VERSION))
+        .await
+        .unwrap()
+        .beat();
+    new.expect_welcome().await;
+    let status = end_status(&mut old).await;
+    assert_eq!(status.code(), Code::Aborted, "{status:?}");
+    assert!(status.message().contains("newer stream"), "{status:?}");
+    assert!(service.registry.get("node-a").unwrap().connected);
+    assert!(service.registry.request_resync("node-a", "still here"));
+    assert!(matches!(
+        new.next().await,
+        Ok(Some(pb::coordinator_message::Body::Resync(_)))
+    ));
     service.shutdown().await;
 }
 

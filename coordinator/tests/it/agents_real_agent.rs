@@ -1,7 +1,8 @@
 //! The node agent's own reporting client (`tessera_agent::report`) against the
 //! coordinator's agent service, with TokenReview authentication through a real
 //! kube-apiserver (hack/k8s) and tokens its issuer bound to agent pods: the real inventory (simulated A100 machine with NVLink pairs and a MIG GPU)
-//! lands in the registry, health follows an XID, and a token of another node is refused.
+//! lands in the registry, health follows an XID, a token of another node is refused, and a
+//! stream ends when its token expires, the agent coming back with its rotated token.
 
 use crate::tls;
 
@@ -25,12 +26,12 @@ const WAIT: Duration = Duration::from_secs(30);
 
 /// The agent ServiceAccount's token as the kubelet projects it into the agent pod on `node`
 /// (the real issuer binds it to the pod, so TokenReview names the node).
-async fn agent_token(cluster: &Cluster, client: &kube::Client, node: &str) -> String {
+pub(crate) async fn agent_token(cluster: &Cluster, client: &kube::Client, node: &str) -> String {
     agent_token_for(cluster, client, node, &[AUDIENCE]).await
 }
 
 /// The coordinator's token audience, as the chart configures both sides.
-const AUDIENCE: &str = "tessera";
+pub(crate) const AUDIENCE: &str = "tessera";
 
 /// Like [`agent_token`], for `audiences` (empty: the API server's own).
 async fn agent_token_for(
@@ -60,6 +61,42 @@ async fn agent_token_for(
         .await
         .unwrap();
     pod_bound_token(client, "tessera-system", "tessera-agent", &pod, audiences).await
+}
+
+/// `token` (one the cluster's issuer minted) as the issuer would have minted it to expire
+/// `lifetime` from now: the same header and claims, `iat`/`nbf`/`exp` moved, signed with the
+/// cluster's ServiceAccount key. The TokenRequest API refuses lifetimes under 10 minutes, too
+/// long for a test to wait out; the API server checks this token like any other it issued.
+pub(crate) fn reissued_to_expire(cluster: &Cluster, token: &str, lifetime: Duration) -> String {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let mut parts = token.split('.');
+    let (header, claims) = (parts.next().unwrap(), parts.next().unwrap());
+    let mut claims: serde_json::Value =
+        serde_json::from_slice(&b64.decode(claims).unwrap()).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    claims["iat"] = (now - 1).into();
+    claims["nbf"] = (now - 1).into();
+    claims["exp"] = (now + lifetime.as_secs()).into();
+    let signed = format!("{header}.{}", b64.encode(claims.to_string()));
+    let pem = std::fs::read_to_string(cluster.dir().join("pki/sa.key")).unwrap();
+    let der: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+    let der = base64::engine::general_purpose::STANDARD
+        .decode(der)
+        .unwrap();
+    let key = ring::signature::RsaKeyPair::from_pkcs8(&der).unwrap();
+    let mut signature = vec![0; key.public().modulus_len()];
+    key.sign(
+        &ring::signature::RSA_PKCS1_SHA256,
+        &ring::rand::SystemRandom::new(),
+        signed.as_bytes(),
+        &mut signature,
+    )
+    .unwrap();
+    format!("{signed}.{}", b64.encode(signature))
 }
 
 fn agent_node(dir: &Path) -> Arc<Node> {
@@ -222,7 +259,7 @@ async fn a_token_for_the_api_server_is_not_accepted_by_the_coordinator() {
     // The agent pod's ordinary token (the API server's audience), bound to its node.
     let ordinary = agent_token_for(&api, &client, "node-a", &[]).await;
     let error = auth
-        .authenticate(Some(&format!("Bearer {ordinary}")))
+        .authenticate(Some(&format!("Bearer {ordinary}")), None)
         .await
         .expect_err("a token for the API server is refused");
     let text = error.to_string();
@@ -240,7 +277,7 @@ async fn a_token_for_the_api_server_is_not_accepted_by_the_coordinator() {
     )
     .await;
     let identity = auth
-        .authenticate(Some(&format!("Bearer {projected}")))
+        .authenticate(Some(&format!("Bearer {projected}")), None)
         .await
         .expect("the coordinator's own token");
     assert_eq!(identity.node.as_deref(), Some("node-a"));
@@ -328,4 +365,133 @@ async fn agents_reach_a_tls_coordinator_only_through_its_ca() {
     for task in [trusted, wrong_ca, plaintext] {
         task.abort();
     }
+}
+
+/// A stream lasts no longer than its token: the scripted agent's stream ends UNAUTHENTICATED
+/// at the token's expiry and the same token is refused from then on, and the real agent,
+/// refused with its expired token, comes back once its token file holds a fresh one (the
+/// kubelet rotates the projected token; the agent reads the file on every connect).
+/// Fails on the code before #33: the streams outlive their tokens.
+#[tokio::test]
+async fn a_stream_ends_when_its_token_expires_and_the_agent_returns_with_a_fresh_one() {
+    let api = Cluster::start(ClusterOptions::default());
+    let client = api.admin().await;
+    let lifetime = Duration::from_secs(20);
+    let token_a = reissued_to_expire(&api, &agent_token(&api, &client, "node-a").await, lifetime);
+    let fresh_b = agent_token(&api, &client, "node-b").await;
+    let token_b = reissued_to_expire(&api, &fresh_b, lifetime);
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let registry = AgentRegistry::new();
+    let (stop, stop_rx) = watch::channel(false);
+    let auth = Authenticator::token_review(client.clone(), vec![DEFAULT_AGENT_USER.to_string()])
+        .with_audience(Some(AUDIENCE.into()));
+    let service = tokio::spawn(agents::serve_with(
+        listener,
+        registry.clone(),
+        auth,
+        agents::ServiceOptions {
+            // The scripted agent sends no heartbeats: it must not be dropped as silent
+            // before its token expires.
+            heartbeat_interval: Duration::from_secs(60),
+            ..agents::ServiceOptions::default()
+        },
+        stop_rx,
+    ));
+
+    // node-b: the real agent, its token file holding the short-lived token.
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token-b");
+    std::fs::write(&token_file, &token_b).unwrap();
+    let reporter = tokio::spawn(tessera_agent::report::run_authenticated(
+        format!("http://{addr}"),
+        agent_node(&dir.path().join("b")),
+        "node-b".into(),
+        PodMeter::new(
+            ProcessAttribution::new(dir.path().join("proc")),
+            Arc::new(NoAssignments),
+        ),
+        tessera_agent::report::Security {
+            token_file: Some(token_file.clone()),
+            ca_file: None,
+        },
+        None,
+    ));
+
+    // node-a: a scripted agent, to read the status its stream ends with.
+    let mut stream = crate::agents_abuse::open(
+        addr,
+        Some(&token_a),
+        crate::agents_abuse::hello("node-a", 4),
+    )
+    .await
+    .expect("the token is valid for now");
+    assert!(
+        matches!(
+            crate::agents_abuse::answer(&mut stream).await,
+            Ok(Some(
+                tessera_proto::tessera::v1::coordinator_message::Body::Welcome(_)
+            ))
+        ),
+        "node-a was not welcomed"
+    );
+    wait_for(&registry, "node-b connected", |r| {
+        r.get("node-b").is_some_and(|n| n.connected)
+    })
+    .await;
+
+    // The deadline is generous: the stream must end at the token's expiry, 20 s from its
+    // minting, and the wait only bounds a failure.
+    let status = tokio::time::timeout(
+        Duration::from_secs(90),
+        crate::agents_abuse::answer(&mut stream),
+    )
+    .await
+    .expect("the stream outlived its token")
+    .expect_err("the stream ends with a status");
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("token expired; reconnect with a fresh token"),
+        "{}",
+        status.message()
+    );
+    let again = crate::agents_abuse::open(
+        addr,
+        Some(&token_a),
+        crate::agents_abuse::hello("node-a", 4),
+    )
+    .await;
+    let status = match again {
+        Err(status) => status,
+        Ok(mut s) => crate::agents_abuse::answer(&mut s)
+            .await
+            .expect_err("an expired token is refused"),
+    };
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+
+    // The real agent's stream ended too, and its expired token keeps it out...
+    wait_for(
+        &registry,
+        "node-b disconnected at its token's expiry",
+        |r| r.get("node-b").is_some_and(|n| !n.connected),
+    )
+    .await;
+    // ...until the file holds a fresh token, which it reads on its next attempt.
+    std::fs::write(&token_file, &fresh_b).unwrap();
+    wait_for(&registry, "node-b back with the fresh token", |r| {
+        r.get("node-b").is_some_and(|n| n.connected)
+    })
+    .await;
+
+    reporter.abort();
+    stop.send(true).unwrap();
+    tokio::time::timeout(WAIT, service)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    drop(api);
 }

@@ -8,6 +8,7 @@ mod fault_proxy;
 mod tls;
 
 mod agents;
+mod agents_abuse;
 mod agents_real_agent;
 mod bind_faults;
 mod cluster_runtime;
