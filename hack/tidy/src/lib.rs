@@ -163,6 +163,22 @@ pub const RULES: &[Rule] = &[
         why: "the agent service never depends on cluster",
     },
     Rule {
+        path: "coordinator/src/agents/limits.rs",
+        never: &[
+            "tokio",
+            "tonic",
+            "kube",
+            "parking_lot",
+            "std::fs",
+            "std::net",
+            "Instant::now",
+            "SystemTime::now",
+            "std::time::Instant::now",
+            "std::time::SystemTime::now",
+        ],
+        why: "the agent message limits are pure: no I/O, no locks, no clocks",
+    },
+    Rule {
         path: "coordinator/src/ops",
         never: &[
             "crate::cluster",
