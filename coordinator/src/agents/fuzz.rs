@@ -483,56 +483,23 @@ proptest! {
 /// and one of 64 (four times the links) and occupancies of 500 and 1,000 shares.
 #[test]
 fn checking_cost_grows_with_the_message_not_faster() {
-    let inventory = |n: u32| {
-        let uuid = |i: u32| format!("GPU-{i}");
-        let mut links = Vec::new();
-        for a in 0..n {
-            for b in a + 1..n {
-                links.push(pb::GpuLink {
-                    gpu_a: uuid(a),
-                    gpu_b: uuid(b),
-                    nvlink_count: 1,
-                    ..Default::default()
-                });
-            }
-        }
-        pb::AgentMessage {
-            body: Some(pb::agent_message::Body::Inventory(pb::NodeInventory {
-                node_name: "n".into(),
-                gpus: (0..n)
-                    .map(|i| pb::Gpu {
-                        uuid: uuid(i),
-                        index: i,
-                        ..Default::default()
-                    })
-                    .collect(),
-                links: Some(pb::LinkMatrix { links }),
-                ..Default::default()
-            })),
-        }
+    use super::limits::tests::big_real_node;
+    let hello = |gpus| pb::AgentMessage {
+        body: Some(pb::agent_message::Body::Inventory(
+            big_real_node(gpus, 10).0,
+        )),
     };
-    let occupancy = |shares: usize| pb::AgentMessage {
-        body: Some(pb::agent_message::Body::Occupancy(pb::Occupancy {
-            gpus: vec![
-                pb::GpuOccupancy {
-                    gpu_uuid: "GPU-0".into(),
-                    shares: vec![pb::Share::default(); shares],
-                    ..Default::default()
-                };
-                1
-            ],
-            ..Default::default()
-        })),
+    let occupancy = |shares| pb::AgentMessage {
+        body: Some(pb::agent_message::Body::Occupancy(
+            big_real_node(1, shares).1,
+        )),
     };
     let steps = |m: &pb::AgentMessage| {
         let mut steps = Steps::default();
         check_and_convert(m, &mut steps).unwrap();
         (steps.0, m.encoded_len() as u64)
     };
-    for (small, big) in [
-        (inventory(32), inventory(64)),
-        (occupancy(500), occupancy(1000)),
-    ] {
+    for (small, big) in [(hello(32), hello(64)), (occupancy(500), occupancy(1000))] {
         let ((s, bytes_s), (b, bytes_b)) = (steps(&small), steps(&big));
         // Steps per byte stay the same (within a tenth), however the message grows.
         let (per_small, per_big) = (s as f64 / bytes_s as f64, b as f64 / bytes_b as f64);

@@ -440,12 +440,17 @@ pub fn shorten(s: &str, max: usize) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use prost::Message;
 
-    /// A node as the real agent reports it, every string as long as its source allows.
-    fn big_real_node(gpus: u32, shares_per_gpu: u32) -> (pb::NodeInventory, pb::Occupancy) {
+    /// A node as the real agent reports it, every string as long as its source allows:
+    /// `gpus` GPUs of 7 MIG instances each, their full link matrix, `shares_per_gpu` shares
+    /// on each GPU.
+    pub(crate) fn big_real_node(
+        gpus: u32,
+        shares_per_gpu: u32,
+    ) -> (pb::NodeInventory, pb::Occupancy) {
         let uuid = |i: u32| format!("GPU-{i:08}-5f1c-4c8e-9a4b-0123456789ab");
         let gpus_list: Vec<pb::Gpu> = (0..gpus)
             .map(|i| pb::Gpu {

@@ -16,6 +16,7 @@ use tessera_proto::tessera::v1::agent_service_client::AgentServiceClient;
 use tessera_testcluster::{Cluster, ClusterOptions, pod_bound_token};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
 use tonic::{Code, Status, Streaming};
 
 /// Deadline for "eventually" conditions.
@@ -24,16 +25,18 @@ const WAIT: Duration = Duration::from_secs(20);
 /// three of the fake agent's beats.
 const SLOW_BEAT: Duration = Duration::from_secs(1);
 
-struct Service {
-    addr: SocketAddr,
-    registry: AgentRegistry,
+/// The agent service on loopback TCP, with its registry (shared with the other `agents*`
+/// modules).
+pub(crate) struct Service {
+    pub(crate) addr: SocketAddr,
+    pub(crate) registry: AgentRegistry,
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<Result<(), agents::AgentsError>>,
 }
 
 impl Service {
     /// The service with heartbeats every `heartbeat` (an agent silent for three is dropped).
-    async fn start(auth: Authenticator, heartbeat: Duration) -> Service {
+    pub(crate) async fn start(auth: Authenticator, heartbeat: Duration) -> Service {
         Service::start_with(auth, heartbeat, None, StreamLimits::default()).await
     }
 
@@ -71,7 +74,7 @@ impl Service {
         }
     }
 
-    async fn shutdown(self) {
+    pub(crate) async fn shutdown(self) {
         self.stop.send(true).unwrap();
         tokio::time::timeout(WAIT, self.task)
             .await
@@ -81,7 +84,7 @@ impl Service {
     }
 
     /// Waits until `f` holds for the registry.
-    async fn wait_for(&self, what: &str, f: impl Fn(&AgentRegistry) -> bool) {
+    pub(crate) async fn wait_for(&self, what: &str, f: impl Fn(&AgentRegistry) -> bool) {
         let mut changes = self.registry.changes();
         let ok = tokio::time::timeout(WAIT, async {
             while !f(&self.registry) {
@@ -94,7 +97,7 @@ impl Service {
 }
 
 /// A scripted agent: the sending half and the coordinator's replies.
-struct FakeAgent {
+pub(crate) struct FakeAgent {
     tx: mpsc::Sender<pb::AgentMessage>,
     inbound: Streaming<pb::CoordinatorMessage>,
     heartbeat: Option<tokio::task::JoinHandle<()>>,
@@ -110,17 +113,22 @@ impl Drop for FakeAgent {
 }
 
 impl FakeAgent {
-    /// Opens a stream with `hello` already queued, as the real agent does.
-    async fn connect(
+    /// Opens a stream on a connection of its own with `hello` already queued, as the real
+    /// agent does.
+    pub(crate) async fn connect(
         addr: SocketAddr,
         token: Option<&str>,
         hello: pb::Hello,
     ) -> Result<FakeAgent, Status> {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
+        FakeAgent::connect_on(channel(addr).await, token, hello).await
+    }
+
+    /// Like [`FakeAgent::connect`], on `channel` (one HTTP/2 connection, shared by its clones).
+    pub(crate) async fn connect_on(
+        channel: Channel,
+        token: Option<&str>,
+        hello: pb::Hello,
+    ) -> Result<FakeAgent, Status> {
         let (tx, rx) = mpsc::channel(64);
         tx.send(msg(pb::agent_message::Body::Hello(hello)))
             .await
@@ -143,7 +151,7 @@ impl FakeAgent {
     }
 
     /// Sends a heartbeat every 100 ms from now on, as a live agent does.
-    fn beat(mut self) -> Self {
+    pub(crate) fn beat(mut self) -> Self {
         let tx = self.tx.clone();
         self.heartbeat = Some(tokio::spawn(async move {
             for sequence in 1.. {
@@ -169,7 +177,7 @@ impl FakeAgent {
     }
 
     /// The next message that is not a heartbeat, or the status that ended the stream.
-    async fn next(&mut self) -> Result<Option<pb::coordinator_message::Body>, Status> {
+    pub(crate) async fn next(&mut self) -> Result<Option<pb::coordinator_message::Body>, Status> {
         loop {
             let m = tokio::time::timeout(WAIT, self.inbound.message())
                 .await
@@ -181,12 +189,21 @@ impl FakeAgent {
         }
     }
 
-    async fn expect_welcome(&mut self) -> pb::Welcome {
+    pub(crate) async fn expect_welcome(&mut self) -> pb::Welcome {
         match self.next().await {
             Ok(Some(pb::coordinator_message::Body::Welcome(w))) => w,
             other => panic!("expected Welcome, got {other:?}"),
         }
     }
+}
+
+/// One connection to the agent service at `addr`.
+pub(crate) async fn channel(addr: SocketAddr) -> Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
 }
 
 fn msg(body: pb::agent_message::Body) -> pb::AgentMessage {
@@ -198,7 +215,7 @@ fn uuid(i: u32) -> String {
 }
 
 /// Four GPUs: 0-1 joined by NVLink, 2-3 by NVSwitch, the pairs only over PCIe.
-fn hello(node: &str, protocol_version: u32) -> pb::Hello {
+pub(crate) fn hello(node: &str, protocol_version: u32) -> pb::Hello {
     let gpus = (0..4)
         .map(|i| pb::Gpu {
             uuid: uuid(i),
@@ -491,7 +508,7 @@ async fn only_the_leader_keeps_agent_streams() {
 }
 
 /// The status a stream ends with, skipping the messages before it.
-async fn end_status(agent: &mut FakeAgent) -> Status {
+pub(crate) async fn end_status(agent: &mut FakeAgent) -> Status {
     loop {
         match agent.next().await {
             Ok(Some(_)) => continue,

@@ -5,6 +5,7 @@
 //! legitimate agent is welcomed; 500 streams without valid credentials on one connection
 //! cause a bounded number of TokenReviews, counted in the API server's audit log.
 
+use crate::agents::{FakeAgent, Service, channel, hello};
 use crate::agents_real_agent::{AUDIENCE, agent_token};
 
 use std::net::SocketAddr;
@@ -16,107 +17,46 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use prost::Message;
 use tessera_coordinator::agents::auth::{DEFAULT_REFUSAL_TTL, DEFAULT_REVIEWS_PER_MINUTE};
-use tessera_coordinator::agents::{self, AgentRegistry, Authenticator, limits};
+use tessera_coordinator::agents::{Authenticator, limits};
 use tessera_coordinator::cluster::leader::LeaseConfig;
 use tessera_coordinator::cluster::{Coordinator, CoordinatorConfig};
 use tessera_proto::tessera::v1 as pb;
-use tessera_proto::tessera::v1::agent_service_client::AgentServiceClient;
 use tessera_testcluster::{Cluster, ClusterOptions, eventually};
-use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
-use tonic::{Code, Status, Streaming};
+use tonic::{Code, Status};
 
-/// Bound on waiting for one answer; generous, for a loaded machine (nothing here is timed).
+/// Bound on waiting for the coordinator to lead; generous, for a loaded machine.
 const WAIT: Duration = Duration::from_secs(60);
 
-/// A Hello for `node` with `gpus` GPUs, each as short as a GPU can be described.
-pub(crate) fn hello(node: &str, gpus: u32) -> pb::Hello {
-    pb::Hello {
-        protocol_version: pb::PROTOCOL_VERSION,
-        inventory: Some(pb::NodeInventory {
-            node_name: node.into(),
-            agent_version: "0.1.0".into(),
-            gpus: (0..gpus)
-                .map(|i| pb::Gpu {
-                    uuid: i.to_string(),
-                    index: i,
-                    ..Default::default()
-                })
-                .collect(),
-            links: None,
-            shares_per_gpu: 10,
-        }),
-    }
+/// A Hello for `node` listing `gpus` GPUs, each as short as a GPU can be described.
+fn hello_with_gpus(node: &str, gpus: u32) -> pb::Hello {
+    let mut hello = hello(node, pb::PROTOCOL_VERSION);
+    let inventory = hello
+        .inventory
+        .as_mut()
+        .expect("hello() lists an inventory");
+    inventory.links = None;
+    inventory.gpus = (0..gpus)
+        .map(|i| pb::Gpu {
+            uuid: i.to_string(),
+            index: i,
+            ..Default::default()
+        })
+        .collect();
+    hello
 }
 
-/// An open stream: the sender is kept so the stream stays open from the client's side.
-pub(crate) struct Open {
-    _tx: mpsc::Sender<pb::AgentMessage>,
-    inbound: Streaming<pb::CoordinatorMessage>,
-}
-
-/// Opens a stream on `channel` presenting `token`, with `hello` queued as its first message.
-async fn open_on(channel: Channel, token: Option<&str>, hello: pb::Hello) -> Result<Open, Status> {
-    let (tx, rx) = mpsc::channel(4);
-    tx.send(pb::AgentMessage {
-        body: Some(pb::agent_message::Body::Hello(hello)),
-    })
-    .await
-    .expect("the stream's queue is open");
-    let mut request = tonic::Request::new(ReceiverStream::new(rx));
-    if let Some(token) = token {
-        request
-            .metadata_mut()
-            .insert("authorization", format!("Bearer {token}").parse().unwrap());
-    }
-    let inbound = AgentServiceClient::new(channel)
-        // The client's own limit must not be what refuses a large message.
-        .max_encoding_message_size(usize::MAX)
-        .connect(request)
-        .await?
-        .into_inner();
-    Ok(Open { _tx: tx, inbound })
-}
-
-/// Opens a stream on a connection of its own.
-pub(crate) async fn open(
-    addr: SocketAddr,
-    token: Option<&str>,
-    hello: pb::Hello,
-) -> Result<Open, Status> {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    open_on(channel, token, hello).await
-}
-
-/// The coordinator's next message that is not a heartbeat, `None` when the stream ended
-/// with OK, or the status it ended with.
-pub(crate) async fn answer(
-    stream: &mut Open,
-) -> Result<Option<pb::coordinator_message::Body>, Status> {
-    loop {
-        let m = tokio::time::timeout(WAIT, stream.inbound.message())
-            .await
-            .expect("no answer from the coordinator")?;
-        match m.and_then(|m| m.body) {
-            Some(pb::coordinator_message::Body::Heartbeat(_)) => continue,
-            other => return Ok(other),
-        }
-    }
-}
-
-/// The answer to `hello` on a fresh connection: the first message, or how the stream ended.
+/// The answer to `hello` on a connection of its own: the first message that is not a
+/// heartbeat, or the status the stream ended with.
 async fn answer_to(
     addr: SocketAddr,
     token: &str,
     hello: pb::Hello,
 ) -> Result<Option<pb::coordinator_message::Body>, Status> {
-    let mut stream = open(addr, Some(token), hello).await?;
-    answer(&mut stream).await
+    FakeAgent::connect(addr, Some(token), hello)
+        .await?
+        .next()
+        .await
 }
 
 /// Two Hellos listing 90,000 GPUs each (about 1 MB, within the size limit), from the node's
@@ -165,13 +105,13 @@ async fn a_90000_gpu_hello_is_refused_at_once_and_the_leader_keeps_its_lease() {
     let before = transitions(leases.get("tessera-abuse").await.unwrap());
     let addr = coordinator.agent_addr().unwrap();
 
-    let huge = hello("node-a", 90_000);
+    let huge = hello_with_gpus("node-a", 90_000);
     let size = huge.encoded_len();
     assert!(
         size < limits::DEFAULT_MAX_MESSAGE_BYTES,
         "{size} bytes: the GPU cap, not the size limit, must refuse this one"
     );
-    let mut oversized = hello("node-a", 1);
+    let mut oversized = hello_with_gpus("node-a", 1);
     oversized.inventory.as_mut().unwrap().gpus[0].model =
         "m".repeat(limits::DEFAULT_MAX_MESSAGE_BYTES);
     let (first, second, over) = tokio::join!(
@@ -198,19 +138,16 @@ async fn a_90000_gpu_hello_is_refused_at_once_and_the_leader_keeps_its_lease() {
     );
 
     // A legitimate agent right after: welcomed.
-    let mut agent = open(addr, Some(&token), hello("node-a", 8)).await.unwrap();
-    assert!(
-        matches!(
-            answer(&mut agent).await,
-            Ok(Some(pb::coordinator_message::Body::Welcome(_)))
-        ),
-        "the legitimate agent was not welcomed"
-    );
+    let mut agent = FakeAgent::connect(addr, Some(&token), hello("node-a", pb::PROTOCOL_VERSION))
+        .await
+        .unwrap()
+        .beat();
+    agent.expect_welcome().await;
     let registry = coordinator.agents();
-    eventually("node-a registered with its 8 GPUs", || async {
+    eventually("node-a registered with its 4 GPUs", || async {
         registry
             .get("node-a")
-            .is_some_and(|n| n.connected && n.gpus.len() == 8)
+            .is_some_and(|n| n.connected && n.gpus.len() == 4)
             .then_some(())
     })
     .await;
@@ -251,9 +188,10 @@ async fn storm(channel: &Channel, token: impl Fn(usize) -> String) -> Vec<Code> 
     let streams = (0..250).map(|i| {
         let (channel, token) = (channel.clone(), token(i));
         async move {
-            match open_on(channel, Some(&token), hello("node-a", 1)).await {
+            let hello = hello("node-a", pb::PROTOCOL_VERSION);
+            match FakeAgent::connect_on(channel, Some(&token), hello).await {
                 Err(status) => status.code(),
-                Ok(mut stream) => match answer(&mut stream).await {
+                Ok(mut agent) => match agent.next().await {
                     Err(status) => status.code(),
                     Ok(_) => Code::Ok,
                 },
@@ -275,22 +213,11 @@ async fn unauthenticated_streams_on_one_connection_cause_a_bounded_number_of_tok
         ..ClusterOptions::default()
     });
     let client = api.admin().await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stop_rx) = watch::channel(false);
-    let service = tokio::spawn(agents::serve(
-        listener,
-        AgentRegistry::new(),
-        Authenticator::token_review(client, Vec::new()).with_audience(Some(AUDIENCE.into())),
-        stop_rx,
-    ));
+    let auth = Authenticator::token_review(client, Vec::new()).with_audience(Some(AUDIENCE.into()));
+    let service = Service::start(auth, Duration::from_secs(1)).await;
     let before = token_reviews(&api);
     // One connection for every stream.
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = channel(service.addr).await;
     let started = Instant::now();
 
     let repeated = storm(&channel, |_| "made-up-token".to_owned()).await;
@@ -344,12 +271,6 @@ async fn unauthenticated_streams_on_one_connection_cause_a_bounded_number_of_tok
         "only {limited} of 250 new tokens were refused unreviewed"
     );
     assert!(fresh.contains(&Code::ResourceExhausted), "{fresh:?}");
-
-    stop.send(true).unwrap();
-    tokio::time::timeout(WAIT, service)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    service.shutdown().await;
     drop(api);
 }

@@ -4,6 +4,7 @@
 //! lands in the registry, health follows an XID, a token of another node is refused, and a
 //! stream ends when its token expires, the agent coming back with its rotated token.
 
+use crate::agents::{FakeAgent, Service, end_status, hello};
 use crate::tls;
 
 use std::path::Path;
@@ -19,6 +20,7 @@ use tessera_agent::gpu::sim::SimBackend;
 use tessera_agent::ledger::Ledger;
 use tessera_agent::node::{Node, NodeOptions};
 use tessera_coordinator::agents::{self, AgentRegistry, Authenticator, DEFAULT_AGENT_USER};
+use tessera_proto::tessera::v1 as pb;
 use tessera_testcluster::{Cluster, ClusterOptions, pod_bound_token};
 use tokio::sync::watch;
 
@@ -381,24 +383,10 @@ async fn a_stream_ends_when_its_token_expires_and_the_agent_returns_with_a_fresh
     let fresh_b = agent_token(&api, &client, "node-b").await;
     let token_b = reissued_to_expire(&api, &fresh_b, lifetime);
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let registry = AgentRegistry::new();
-    let (stop, stop_rx) = watch::channel(false);
     let auth = Authenticator::token_review(client.clone(), vec![DEFAULT_AGENT_USER.to_string()])
         .with_audience(Some(AUDIENCE.into()));
-    let service = tokio::spawn(agents::serve_with(
-        listener,
-        registry.clone(),
-        auth,
-        agents::ServiceOptions {
-            // The scripted agent sends no heartbeats: it must not be dropped as silent
-            // before its token expires.
-            heartbeat_interval: Duration::from_secs(60),
-            ..agents::ServiceOptions::default()
-        },
-        stop_rx,
-    ));
+    let service = Service::start(auth, Duration::from_secs(1)).await;
+    let (addr, registry) = (service.addr, service.registry.clone());
 
     // node-b: the real agent, its token file holding the short-lived token.
     let dir = tempfile::tempdir().unwrap();
@@ -420,22 +408,12 @@ async fn a_stream_ends_when_its_token_expires_and_the_agent_returns_with_a_fresh
     ));
 
     // node-a: a scripted agent, to read the status its stream ends with.
-    let mut stream = crate::agents_abuse::open(
-        addr,
-        Some(&token_a),
-        crate::agents_abuse::hello("node-a", 4),
-    )
-    .await
-    .expect("the token is valid for now");
-    assert!(
-        matches!(
-            crate::agents_abuse::answer(&mut stream).await,
-            Ok(Some(
-                tessera_proto::tessera::v1::coordinator_message::Body::Welcome(_)
-            ))
-        ),
-        "node-a was not welcomed"
-    );
+    let hello_a = || hello("node-a", pb::PROTOCOL_VERSION);
+    let mut scripted = FakeAgent::connect(addr, Some(&token_a), hello_a())
+        .await
+        .expect("the token is valid for now")
+        .beat();
+    scripted.expect_welcome().await;
     wait_for(&registry, "node-b connected", |r| {
         r.get("node-b").is_some_and(|n| n.connected)
     })
@@ -443,13 +421,9 @@ async fn a_stream_ends_when_its_token_expires_and_the_agent_returns_with_a_fresh
 
     // The deadline is generous: the stream must end at the token's expiry, 20 s from its
     // minting, and the wait only bounds a failure.
-    let status = tokio::time::timeout(
-        Duration::from_secs(90),
-        crate::agents_abuse::answer(&mut stream),
-    )
-    .await
-    .expect("the stream outlived its token")
-    .expect_err("the stream ends with a status");
+    let status = tokio::time::timeout(Duration::from_secs(90), end_status(&mut scripted))
+        .await
+        .expect("the stream outlived its token");
     assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
     assert!(
         status
@@ -458,17 +432,9 @@ async fn a_stream_ends_when_its_token_expires_and_the_agent_returns_with_a_fresh
         "{}",
         status.message()
     );
-    let again = crate::agents_abuse::open(
-        addr,
-        Some(&token_a),
-        crate::agents_abuse::hello("node-a", 4),
-    )
-    .await;
-    let status = match again {
+    let status = match FakeAgent::connect(addr, Some(&token_a), hello_a()).await {
         Err(status) => status,
-        Ok(mut s) => crate::agents_abuse::answer(&mut s)
-            .await
-            .expect_err("an expired token is refused"),
+        Ok(mut again) => end_status(&mut again).await,
     };
     assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
 
@@ -487,11 +453,6 @@ async fn a_stream_ends_when_its_token_expires_and_the_agent_returns_with_a_fresh
     .await;
 
     reporter.abort();
-    stop.send(true).unwrap();
-    tokio::time::timeout(WAIT, service)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    service.shutdown().await;
     drop(api);
 }
