@@ -398,7 +398,12 @@ fn check_and_convert(m: &pb::AgentMessage, steps: &mut Steps) -> Result<(), Fiel
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(CASES))]
+    // The seeds of failures are printed; nothing is written into the source tree.
+    #![proptest_config(ProptestConfig {
+        cases: CASES,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn any_agent_message_is_accepted_within_the_caps_or_refused_naming_the_field(m in message()) {
