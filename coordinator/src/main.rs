@@ -105,6 +105,11 @@ struct RunArgs {
     /// Seconds without word from a node's agent after which the node gets no new GPU pods.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     agent_timeout_secs: u64,
+    /// Seconds a node's agent may be missing (after this replica begins to lead, the node
+    /// appears, or the agent's stream closes) before pending GPU pods' messages say so: agents
+    /// take a moment to reconnect after a restart or a failover.
+    #[arg(long, default_value_t = 60)]
+    agent_grace_secs: u64,
     /// Milliseconds between scheduling cycles when nothing changes.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
     cycle_interval_ms: u64,
@@ -481,6 +486,7 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
             metrics_listen,
             authenticator,
             agent_timeout: Duration::from_secs(args.agent_timeout_secs),
+            agent_grace: Duration::from_secs(args.agent_grace_secs),
             cycle_interval: Duration::from_millis(args.cycle_interval_ms),
             binds_in_flight: args.binds_in_flight as usize,
             ..CoordinatorConfig::default()

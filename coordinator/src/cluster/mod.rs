@@ -82,6 +82,9 @@ pub struct CoordinatorConfig {
     /// A node whose agent is silent this long (or never connected, or disconnected) gets no
     /// new GPU pods: its GPUs count as unhealthy; pods already there still count.
     pub agent_timeout: Duration,
+    /// How long a node's agent may be missing (after this replica began to lead, the node
+    /// appeared, or the agent's stream closed) before pending GPU pods' messages say so.
+    pub agent_grace: Duration,
     /// A cycle runs at least this often, and whenever the cache or the agents changed.
     pub cycle_interval: Duration,
     /// Scheduling core settings.
@@ -114,6 +117,7 @@ impl Default for CoordinatorConfig {
             metrics_listen: None,
             authenticator: Authenticator::Disabled,
             agent_timeout: Duration::from_secs(30),
+            agent_grace: agent_gap::DEFAULT_AGENT_GRACE,
             cycle_interval: Duration::from_secs(1),
             cycle: CycleConfig::default(),
             bind_wait_timeout: Duration::from_secs(120),
