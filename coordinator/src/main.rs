@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tessera_logs::LogFormat;
 
 use tessera_sim::experiment::{FillSpec, PolicyRun, prepare, run_policy};
 use tessera_sim::policy::{Policy, parse_policies};
@@ -117,9 +118,10 @@ struct RunArgs {
     /// unit's members still go one after another.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024))]
     binds_in_flight: u64,
-    /// Log line format.
-    #[arg(long, value_enum, default_value_t = LogFormatArg::Text)]
-    log_format: LogFormatArg,
+    /// Log line format: human-readable `text` (coloured only on a terminal), or `json`, one
+    /// object per line.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,14 +130,6 @@ enum AgentAuth {
     Tokenreview,
     /// No authentication (development only).
     None,
-}
-
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum LogFormatArg {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
 }
 
 #[derive(Args, Debug)]
@@ -389,13 +383,8 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
     use tessera_coordinator::agents::Authenticator;
     use tessera_coordinator::cluster::leader::LeaseConfig;
     use tessera_coordinator::cluster::{Coordinator, CoordinatorConfig};
-    use tessera_coordinator::ops::logs::{self, LogFormat};
-
-    logs::init(match args.log_format {
-        LogFormatArg::Text => LogFormat::Text,
-        LogFormatArg::Json => LogFormat::Json,
-    })
-    .map_err(|e| anyhow::anyhow!("installing the log subscriber: {e}"))?;
+    tessera_logs::init(args.log_format)
+        .map_err(|e| anyhow::anyhow!("installing the log subscriber: {e}"))?;
     let identity = args
         .identity
         .or_else(|| std::env::var("POD_NAME").ok())

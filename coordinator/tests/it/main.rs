@@ -25,6 +25,7 @@ mod e2e_tenancy;
 mod e2e_webhook;
 mod fuzz_inputs;
 mod leader;
+mod log_files;
 mod ops;
 mod playground;
 mod real_api;

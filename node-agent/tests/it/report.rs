@@ -172,3 +172,85 @@ async fn reports_inventory_occupancy_health_and_reconnects() {
         .wait_for("a second Hello", |s| hellos(s).len() >= 2)
         .await;
 }
+
+/// Log lines written through a test's own subscriber.
+#[derive(Clone, Default)]
+struct Lines(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Lines {
+    fn text(&self) -> String {
+        String::from_utf8(self.0.lock().clone()).expect("UTF-8 logs")
+    }
+
+    fn count(&self, f: impl Fn(&str) -> bool) -> usize {
+        self.text().lines().filter(|l| f(l)).count()
+    }
+}
+
+/// An agent started before its coordinator (the normal order of a rollout) says once at WARN
+/// what it waits for, retries quietly (debug) with backoff, and connects when the coordinator
+/// appears. The current-thread runtime keeps every task of the agent under this test's logs.
+#[tokio::test]
+async fn an_agent_started_before_its_coordinator_warns_once_and_connects_when_it_appears() {
+    let lines = Lines::default();
+    let sink = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || sink.clone())
+        .with_ansi(false)
+        .with_env_filter("tessera_agent=debug")
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    // A port nothing listens on yet.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap();
+    let mut h = Harness::start("l40s-4x-pcie.yaml", Arc::new(NoAssignments)).await;
+    h.stop_agent().await;
+    let mut config = h.config(Arc::new(NoAssignments));
+    config.coordinator = Some(format!("http://{addr}"));
+    h.agent = Some(tessera_agent::agent::Agent::start(config).await.unwrap());
+
+    let retries = |l: &str| l.contains("DEBUG") && l.contains("coordinator not reached again");
+    let waited = tokio::time::timeout(WAIT, async {
+        while lines.count(retries) < 3 {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "three quiet retries:\n{}", lines.text());
+
+    // The coordinator appears on that address.
+    let coordinator = Coordinator::default();
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let server = coordinator.clone();
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(AgentServiceServer::new(server))
+            .serve_with_incoming(TcpListenerStream::new(listener))
+            .await
+            .unwrap();
+    });
+    coordinator
+        .wait_for("a Hello", |s| !hellos(s).is_empty())
+        .await;
+    let text = lines.text();
+    let warns: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(" WARN ") && l.contains("tessera_agent::report"))
+        .collect();
+    assert_eq!(warns.len(), 1, "{text}");
+    assert!(
+        warns[0].contains("waiting for the coordinator") && warns[0].contains(&addr.to_string()),
+        "{text}"
+    );
+}

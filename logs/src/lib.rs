@@ -1,26 +1,42 @@
-//! Structured logs: `tracing` events as human-readable text, or as one JSON object per line
-//! for log collectors, in tracing-subscriber's JSON layout:
-//! `{"timestamp","level","fields":{"message",...},"target","spans":[{"name",...}]}`.
+//! How Tessera's two programs log, defined once for both (`tessera-agent run`,
+//! `tessera-coordinator run`): `tracing` events on stderr, filtered by `RUST_LOG` (default
+//! `info`), as human-readable text or, with `--log-format json`, one JSON object per line in
+//! tracing-subscriber's layout (`{"timestamp","level","fields":{"message",...},"target",
+//! "spans":[{"name",...}]}`), so one collector parses both programs.
+//!
+//! Text is coloured only when stderr is a terminal (and `NO_COLOR` is unset): a log written to
+//! a file or collected from a container carries no escape codes.
 
-/// How log lines look.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+use std::io::IsTerminal;
+
+/// How log lines look (`--log-format`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum LogFormat {
-    /// Human-readable lines.
+    /// Human-readable lines, coloured on a terminal.
+    #[default]
     Text,
     /// One JSON object per line.
     Json,
 }
 
-/// Installs the global subscriber writing to stderr, filtered by `RUST_LOG` (default
-/// `info`). Fails if a subscriber is already installed.
+/// Whether text logs get ANSI colours: only on a terminal, and not when `NO_COLOR` is set to
+/// anything non-empty (<https://no-color.org>).
+pub fn colour(terminal: bool, no_color: Option<&str>) -> bool {
+    terminal && no_color.is_none_or(str::is_empty)
+}
+
+/// Installs the global subscriber writing to stderr in `format`. Fails if a subscriber is
+/// already installed.
 pub fn init(format: LogFormat) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let no_color = std::env::var("NO_COLOR").ok();
+    let ansi = colour(std::io::stderr().is_terminal(), no_color.as_deref());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     match format {
-        LogFormat::Text => builder.try_init(),
+        LogFormat::Text => builder.with_ansi(ansi).try_init(),
         LogFormat::Json => builder
             .json()
             .with_current_span(false)
@@ -36,6 +52,8 @@ mod tests {
     use parking_lot::Mutex;
     use serde_json::Value;
 
+    use super::*;
+
     #[derive(Clone, Default)]
     struct Buffer(Arc<Mutex<Vec<u8>>>);
 
@@ -46,6 +64,20 @@ mod tests {
         }
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
+        }
+    }
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        let rows = [
+            (true, None, true),
+            (false, None, false),
+            (true, Some("1"), false),
+            (true, Some(""), true),
+            (false, Some("1"), false),
+        ];
+        for (terminal, no_color, want) in rows {
+            assert_eq!(colour(terminal, no_color), want, "{terminal} {no_color:?}");
         }
     }
 
