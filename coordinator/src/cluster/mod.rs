@@ -3,7 +3,7 @@
 //!
 //! [`Coordinator::start`] wires the pieces: the [`cache::Cache`] (kube-runtime watchers), the
 //! agent registry and its gRPC service, the Lease-based [`leader`] elector, the operations HTTP
-//! server and the leader-only [`scheduler`] loop. The scheduling core never depends on this
+//! server, the leader-only [`scheduler`] loop and the nodes' GPU labels ([`node_labels`]). The scheduling core never depends on this
 //! module; this module only reads the core's decisions and writes them to the API server.
 
 pub mod agent_gap;
@@ -12,6 +12,7 @@ pub mod cache;
 pub mod events;
 pub mod gate;
 pub mod leader;
+pub mod node_labels;
 pub mod node_pods;
 pub mod occupancy;
 mod plan;
@@ -211,6 +212,14 @@ impl Coordinator {
             }));
         }
 
+        // Nodes' GPU labels, written by the leader only (through the write gate).
+        let labeller = node_labels::Labeller::new(
+            gate::gated(client.clone(), is_leader.clone()),
+            cache.clone(),
+            registry.clone(),
+            is_leader.clone(),
+        );
+        tasks.push(tokio::spawn(labeller.run(shutdown_rx.clone())));
         let node_pods = node_pods::Publisher::new(cache.clone(), registry.clone());
         tasks.push(tokio::spawn(node_pods.clone().run(shutdown_rx.clone())));
         let scheduler = scheduler::Scheduler::new(

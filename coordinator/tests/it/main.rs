@@ -19,6 +19,7 @@ mod e2e_constraints;
 mod e2e_device_path;
 mod e2e_evictions;
 mod e2e_messages;
+mod e2e_node_labels;
 mod e2e_resilience;
 mod e2e_scheduling;
 mod e2e_tenancy;

@@ -551,6 +551,21 @@ impl E2e {
         slot.agent = Some(start_agent(slot, service).await);
     }
 
+    /// Stops the agent of `node` and starts a new one on the same directories reading another
+    /// simulated machine (`shape`, YAML in the `hack/gpus` format): the node's GPUs change.
+    pub(crate) async fn restart_agent_as(&mut self, node: &str, shape: &str) {
+        let service = self.service;
+        let slot = self.slot_mut(node);
+        if let Some(agent) = slot.agent.take() {
+            agent
+                .stop()
+                .await
+                .unwrap_or_else(|e| panic!("stopping the agent of {node}: {e}"));
+        }
+        slot.sim = Arc::new(SimBackend::from_yaml(shape, node).expect("GPU shape parses"));
+        slot.agent = Some(start_agent(slot, service).await);
+    }
+
     /// Stops the agent of `node`: its plugin socket and its stream to the coordinator go away,
     /// its checkpoint stays.
     pub(crate) async fn stop_agent(&mut self, node: &str) {
