@@ -45,27 +45,36 @@ pub fn init(format: LogFormat) -> Result<(), Box<dyn std::error::Error + Send + 
     }
 }
 
+/// Log output kept in memory (feature `testing`): give a clone to a subscriber's
+/// `with_writer(move || captured.clone())`, read it back with [`Captured::text`].
+#[cfg(any(test, feature = "testing"))]
+#[derive(Clone, Debug, Default)]
+pub struct Captured(std::sync::Arc<parking_lot::Mutex<Vec<u8>>>);
+
+#[cfg(any(test, feature = "testing"))]
+impl Captured {
+    /// Everything written so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock()).into_owned()
+    }
+}
+
+#[cfg(any(test, feature = "testing"))]
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use parking_lot::Mutex;
     use serde_json::Value;
 
     use super::*;
-
-    #[derive(Clone, Default)]
-    struct Buffer(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Buffer {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
 
     #[test]
     fn colour_only_on_a_terminal_without_no_color() {
@@ -83,7 +92,7 @@ mod tests {
 
     #[test]
     fn json_lines_carry_level_message_fields_and_spans() {
-        let buffer = Buffer::default();
+        let buffer = Captured::default();
         let out = buffer.clone();
         // The same layout `init(LogFormat::Json)` installs.
         let subscriber = tracing_subscriber::fmt()
@@ -97,7 +106,7 @@ mod tests {
             let _guard = span.enter();
             tracing::warn!(node = "node-a", gpus = 4u64, "agent connected");
         });
-        let text = String::from_utf8(buffer.0.lock().clone()).unwrap();
+        let text = buffer.text();
         let line: Value = serde_json::from_str(text.trim()).unwrap();
         assert_eq!(line["level"], "WARN");
         assert_eq!(line["fields"]["message"], "agent connected");

@@ -639,25 +639,11 @@ mod tests {
         assert_eq!(said.ended(&SessionEnd::Closed), Say::Ended);
     }
 
-    /// Everything the report loop logs, as text lines.
-    #[derive(Clone, Default)]
-    struct Lines(Arc<parking_lot::Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Lines {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
     /// An agent started 30 s before its coordinator (on tokio's paused clock: the backoff's
     /// sleeps pass at once) warns once about it, and retries at debug level.
     #[tokio::test(start_paused = true)]
     async fn an_agent_started_before_its_coordinator_warns_once() {
-        let lines = Lines::default();
+        let lines = tessera_logs::Captured::default();
         let sink = lines.clone();
         let subscriber = tracing_subscriber::fmt()
             .with_writer(move || sink.clone())
@@ -689,7 +675,7 @@ mod tests {
         let reporting = run(endpoint, node, "node-a".into(), meter);
         let waited = tokio::time::timeout(Duration::from_secs(30), reporting).await;
         assert!(waited.is_err(), "the loop keeps trying");
-        let text = String::from_utf8(lines.0.lock().clone()).expect("UTF-8 logs");
+        let text = lines.text();
         let warns: Vec<&str> = text.lines().filter(|l| l.contains(" WARN ")).collect();
         let retries = text
             .lines()

@@ -298,19 +298,7 @@ mod tests {
     }
 
     fn agent(node: &str, connected: bool, last_seen: Instant) -> AgentNode {
-        AgentNode {
-            node: node.into(),
-            agent_version: String::new(),
-            protocol_version: 2,
-            gpus: Vec::new(),
-            shares_per_gpu: 10,
-            occupancy: Default::default(),
-            health_reasons: Default::default(),
-            allocated_pods: Default::default(),
-            occupancy_reports: 0,
-            connected,
-            last_seen,
-        }
+        crate::cluster::test_agent(node, Vec::new(), connected, last_seen)
     }
 
     const GRACE: Duration = Duration::from_secs(60);

@@ -329,3 +329,27 @@ impl CoordinatorHandle {
         }
     }
 }
+
+/// An agent's record as the registry keeps it, for tests of what the cluster layer makes of
+/// agents: `gpus` reported, the stream open or not, last heard from at `last_seen`.
+#[cfg(test)]
+pub(crate) fn test_agent(
+    node: &str,
+    gpus: Vec<tessera_core::model::Gpu>,
+    connected: bool,
+    last_seen: std::time::Instant,
+) -> crate::agents::AgentNode {
+    crate::agents::AgentNode {
+        node: node.into(),
+        agent_version: String::new(),
+        protocol_version: 2,
+        gpus,
+        shares_per_gpu: 10,
+        occupancy: Default::default(),
+        health_reasons: Default::default(),
+        allocated_pods: Default::default(),
+        occupancy_reports: 0,
+        connected,
+        last_seen,
+    }
+}

@@ -303,22 +303,14 @@ mod tests {
     use super::*;
 
     fn agent(gpus: &[(&str, u64)], shares: u32) -> AgentNode {
+        let gpus = gpus
+            .iter()
+            .enumerate()
+            .map(|(i, (model, mib))| Gpu::new("n", i as u32, model, *mib))
+            .collect();
         AgentNode {
-            node: "n".into(),
-            agent_version: String::new(),
-            protocol_version: 2,
-            gpus: gpus
-                .iter()
-                .enumerate()
-                .map(|(i, (model, mib))| Gpu::new("n", i as u32, model, *mib))
-                .collect(),
             shares_per_gpu: shares,
-            occupancy: Default::default(),
-            health_reasons: Default::default(),
-            allocated_pods: Default::default(),
-            occupancy_reports: 0,
-            connected: true,
-            last_seen: Instant::now(),
+            ..crate::cluster::test_agent("n", gpus, true, Instant::now())
         }
     }
 

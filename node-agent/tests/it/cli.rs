@@ -24,16 +24,13 @@ impl Drop for Running {
     }
 }
 
-fn run_agent(dir: &Path, file: &str) -> Running {
-    let child = Command::new(BIN)
-        .args([
-            "run",
-            "--node-name",
-            "node-a",
-            "--no-kube",
-            "--coordinator",
-            "none",
-        ])
+/// `tessera-agent run` on the simulated machine `file`, its sockets and state under `dir`,
+/// reporting to `coordinator` (`none`: no coordinator).
+fn agent_command(dir: &Path, file: &str, coordinator: &str) -> Command {
+    let mut command = Command::new(BIN);
+    command
+        .args(["run", "--node-name", "node-a", "--no-kube"])
+        .args(["--coordinator", coordinator])
         .arg("--gpu-backend")
         .arg(format!("sim:{}", shape(file).display()))
         .arg("--device-plugin-dir")
@@ -43,7 +40,12 @@ fn run_agent(dir: &Path, file: &str) -> Running {
         .arg("--state-dir")
         .arg(dir.join("state"))
         .arg("--admin-socket")
-        .arg(dir.join("admin.sock"))
+        .arg(dir.join("admin.sock"));
+    command
+}
+
+fn run_agent(dir: &Path, file: &str) -> Running {
+    let child = agent_command(dir, file, "none")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -290,21 +292,8 @@ async fn a_log_file_has_no_colour_codes_and_json_lines_parse() {
         let run = dir.path().join(format);
         std::fs::create_dir_all(run.join("dp")).unwrap();
         let log = run.join("agent.log");
-        let child = Command::new(BIN)
-            .args(["run", "--node-name", "node-a", "--no-kube"])
-            .arg("--coordinator")
-            .arg(closed.to_string())
+        let child = agent_command(&run, "l40s-4x-pcie.yaml", &closed.to_string())
             .args(["--coordinator-token-file", "none", "--log-format", format])
-            .arg("--gpu-backend")
-            .arg(format!("sim:{}", shape("l40s-4x-pcie.yaml").display()))
-            .arg("--device-plugin-dir")
-            .arg(run.join("dp"))
-            .arg("--pod-resources-socket")
-            .arg(run.join("pr.sock"))
-            .arg("--state-dir")
-            .arg(run.join("state"))
-            .arg("--admin-socket")
-            .arg(run.join("admin.sock"))
             .env("RUST_LOG", "info")
             .env_remove("NO_COLOR")
             .stdout(Stdio::null())

@@ -66,6 +66,18 @@ impl AgentService for Coordinator {
 }
 
 impl Coordinator {
+    /// Serves `tessera.v1` on `listener` in the background.
+    fn serve(&self, listener: tokio::net::TcpListener) {
+        let server = self.clone();
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(AgentServiceServer::new(server))
+                .serve_with_incoming(TcpListenerStream::new(listener))
+                .await
+                .unwrap();
+        });
+    }
+
     async fn wait_for(&self, what: &str, f: impl Fn(&[pb::agent_message::Body]) -> bool) {
         let mut rx = self.events.subscribe();
         let ok = tokio::time::timeout(WAIT, async {
@@ -95,14 +107,7 @@ async fn reports_inventory_occupancy_health_and_reconnects() {
     let coordinator = Coordinator::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let server = coordinator.clone();
-    tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(AgentServiceServer::new(server))
-            .serve_with_incoming(TcpListenerStream::new(listener))
-            .await
-            .unwrap();
-    });
+    coordinator.serve(listener);
 
     let mut h = Harness::start("a100-8x-mig.yaml", Arc::new(NoAssignments)).await;
     h.stop_agent().await;
@@ -173,28 +178,9 @@ async fn reports_inventory_occupancy_health_and_reconnects() {
         .await;
 }
 
-/// Log lines written through a test's own subscriber.
-#[derive(Clone, Default)]
-struct Lines(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Lines {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Lines {
-    fn text(&self) -> String {
-        String::from_utf8(self.0.lock().clone()).expect("UTF-8 logs")
-    }
-
-    fn count(&self, f: impl Fn(&str) -> bool) -> usize {
-        self.text().lines().filter(|l| f(l)).count()
-    }
+/// Lines of `captured` that `f` accepts.
+fn count(captured: &tessera_logs::Captured, f: impl Fn(&str) -> bool) -> usize {
+    captured.text().lines().filter(|l| f(l)).count()
 }
 
 /// An agent started before its coordinator (the normal order of a rollout) says once at WARN
@@ -202,7 +188,7 @@ impl Lines {
 /// appears. The current-thread runtime keeps every task of the agent under this test's logs.
 #[tokio::test]
 async fn an_agent_started_before_its_coordinator_warns_once_and_connects_when_it_appears() {
-    let lines = Lines::default();
+    let lines = tessera_logs::Captured::default();
     let sink = lines.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_writer(move || sink.clone())
@@ -222,7 +208,7 @@ async fn an_agent_started_before_its_coordinator_warns_once_and_connects_when_it
 
     let retries = |l: &str| l.contains("DEBUG") && l.contains("coordinator not reached again");
     let waited = tokio::time::timeout(WAIT, async {
-        while lines.count(retries) < 3 {
+        while count(&lines, retries) < 3 {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     })
@@ -231,15 +217,7 @@ async fn an_agent_started_before_its_coordinator_warns_once_and_connects_when_it
 
     // The coordinator appears on that address.
     let coordinator = Coordinator::default();
-    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
-    let server = coordinator.clone();
-    tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(AgentServiceServer::new(server))
-            .serve_with_incoming(TcpListenerStream::new(listener))
-            .await
-            .unwrap();
-    });
+    coordinator.serve(tokio::net::TcpListener::bind(addr).await.unwrap());
     coordinator
         .wait_for("a Hello", |s| !hellos(s).is_empty())
         .await;

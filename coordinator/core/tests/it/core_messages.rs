@@ -35,23 +35,7 @@ fn nowhere(mut pod: Pod) -> Pod {
 
 /// | n1 8 H100 | a (quota 2), b (quota 6): b runs two gangs of 2 × 2 GPUs on n1.
 fn b_holds_the_node() -> Snapshot {
-    let mut s = Snapshot::at(1000)
-        .node(Node::gpu_node("n1", 8, "H100", 80_000))
-        .queue(Queue::new("a").gpu(2.0, 1.0, -1.0))
-        .queue(Queue::new("b").gpu(6.0, 1.0, -1.0));
-    for (g, t) in [("gb1", 1), ("gb2", 3)] {
-        s = s.group(PodGroup::new(g, "b", 2));
-        for i in 0..2 {
-            s = s.pod(
-                Pod::new(&format!("{g}-{i}"), "b")
-                    .gpus(2)
-                    .group(g)
-                    .created(t + i)
-                    .on_node("n1"),
-            );
-        }
-    }
-    s
+    crate::core_scenarios::b_runs_two_gangs(2.0, 6.0)
 }
 
 /// Four nodes smaller than an 8-GPU pod in four ways.

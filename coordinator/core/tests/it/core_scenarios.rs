@@ -832,7 +832,7 @@ fn reclaim_takes_a_whole_gang_for_a_queue_below_its_deserved_quota() {
 
 /// | n1 8 GPUs | a (quota `qa`), b (quota `qb`) | b runs two gangs of 2 pods × 2 GPUs (gb1 older
 /// than gb2); a's pods are added by the caller.
-fn b_runs_two_gangs(qa: f64, qb: f64) -> Snapshot {
+pub(crate) fn b_runs_two_gangs(qa: f64, qb: f64) -> Snapshot {
     let mut s = Snapshot::at(1000)
         .node(Node::gpu_node("n1", 8, "H100", 80_000))
         .queue(Queue::new("a").gpu(qa, 1.0, -1.0))
