@@ -24,8 +24,22 @@ pub enum Isolation {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{value:?} is not an isolation mode; expected one of watchdog, mps, mig, none")]
 pub struct IsolationError {
-    /// The value as written.
+    /// The value as written, trimmed, and cut after [`IsolationError::SHOWN`] characters so
+    /// that an error about a huge value stays small.
     pub value: String,
+}
+
+impl IsolationError {
+    /// How many characters of the refused value the error keeps.
+    pub const SHOWN: usize = 64;
+
+    fn new(text: &str) -> Self {
+        let mut value: String = text.chars().take(Self::SHOWN).collect();
+        if value.len() < text.len() {
+            value.push('…');
+        }
+        Self { value }
+    }
 }
 
 impl Isolation {
@@ -43,9 +57,7 @@ impl Isolation {
         Self::ALL
             .into_iter()
             .find(|mode| mode.as_str() == text)
-            .ok_or_else(|| IsolationError {
-                value: text.to_owned(),
-            })
+            .ok_or_else(|| IsolationError::new(text))
     }
 
     /// The `tessera.dev/isolation` value naming this mode, which [`Isolation::parse`] reads back.
@@ -82,5 +94,33 @@ mod tests {
             err.starts_with("\"strict\" is not") && err.contains("watchdog, mps, mig, none"),
             "{err}"
         );
+        let long = "x".repeat(100_000);
+        let err = Isolation::parse(&long).unwrap_err();
+        assert_eq!(
+            err.value.chars().count(),
+            IsolationError::SHOWN + 1,
+            "cut short"
+        );
+    }
+
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            /// Any value: a mode whose name is the trimmed value, or an error that names
+            /// the accepted modes.
+            #[test]
+            fn any_value_is_a_mode_or_refused_naming_the_modes(text in "\\PC{0,64}|[ ]?(watchdog|mps|mig|none)[ ]?") {
+                match Isolation::parse(&text) {
+                    Ok(mode) => prop_assert_eq!(mode.as_str(), text.trim()),
+                    Err(e) => prop_assert!(
+                        e.to_string().contains("expected one of watchdog, mps, mig, none")
+                    ),
+                }
+            }
+        }
     }
 }

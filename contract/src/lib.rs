@@ -8,15 +8,23 @@
 //! - [`pod`] (feature `k8s`): what a pod object says to both sides: each container's
 //!   `nvidia.com/gpu` count as the kubelet's device manager reads it, and whether the pod
 //!   has started or finished.
+//! - [`quantity`], [`share`]: Kubernetes quantities read exactly, and the GPU share
+//!   annotations' values.
+//! - [`crd`] (feature `crd`): the `tessera.dev` custom resources, which the coordinator
+//!   writes and renders and `kubectl tessera` reads.
 //!
 //! Serde only by default: the scheduling core depends on this crate and must stay free of
 //! Kubernetes and I/O.
 
 pub mod assignment;
+#[cfg(feature = "crd")]
+pub mod crd;
 pub mod isolation;
 pub mod keys;
 #[cfg(feature = "k8s")]
 pub mod pod;
+pub mod quantity;
+pub mod share;
 
 pub use assignment::{Assignment, AssignmentError, ContainerAssignment, GpuSlice};
 pub use isolation::{Isolation, IsolationError};

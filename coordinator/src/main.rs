@@ -118,6 +118,14 @@ struct RunArgs {
     /// unit's members still go one after another.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=1024))]
     binds_in_flight: u64,
+    /// At most this many GpuNode views (what `kubectl tessera gpus` reads) written per second,
+    /// changes in who holds what first; 0 writes none.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=1000))]
+    gpu_view_writes_per_sec: u64,
+    /// Seconds between rewrites of a node's GpuNode view whose only change is in measured
+    /// memory or utilisation.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    gpu_view_refresh_secs: u64,
     /// Log line format: human-readable `text` (coloured only on a terminal), or `json`, one
     /// object per line.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
@@ -478,6 +486,10 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
             agent_grace: Duration::from_secs(args.agent_grace_secs),
             cycle_interval: Duration::from_millis(args.cycle_interval_ms),
             binds_in_flight: args.binds_in_flight as usize,
+            gpu_view: tessera_coordinator::cluster::gpu_view::GpuViewConfig {
+                writes_per_pass: args.gpu_view_writes_per_sec as usize,
+                refresh: Duration::from_secs(args.gpu_view_refresh_secs),
+            },
             ..CoordinatorConfig::default()
         };
         let signal = termination_signal().context("installing signal handlers")?;

@@ -3,15 +3,20 @@
 //!
 //! Protocol: the client writes one request line (`status`, `topology`, or, with the
 //! simulated backend, `inject-xid <gpu-index> <xid>`), the agent answers with one JSON
-//! [`Response`] line and closes the connection.
+//! [`Response`] line and closes the connection. Whatever a client sends, the work is
+//! bounded: a request line longer than [`MAX_REQUEST_BYTES`] or not sent within
+//! [`READ_TIMEOUT`], text that is not UTF-8, and a request the agent does not know are all
+//! answered with an error line; at most [`MAX_CONNECTIONS`] are served at once; a failing
+//! `accept` (file descriptors exhausted) is retried with backoff, never in a busy loop.
 
 use std::fmt::Write as _;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
 use crate::enforce::usage::PodMeter;
@@ -19,6 +24,18 @@ use crate::gpu::short_uuid;
 use crate::gpu::sim::SimBackend;
 use crate::node::Node;
 use crate::topology::PairLink;
+
+/// The longest request line read, newline included; a longer one is refused unread.
+pub const MAX_REQUEST_BYTES: usize = 4096;
+
+/// How long a connection may take to send its request line, and its answer to be taken.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connections served at once; another is answered that the agent is busy.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// The first and the longest pause after a failed `accept`.
+const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(1));
 
 /// Failures of the admin socket, on either side.
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +73,7 @@ pub struct PodShare {
     pub share_percent: u32,
     /// Memory limit, MiB.
     pub memory_limit_mib: u64,
-    /// Pod UID, when the assignment source knows it.
+    /// Pod UID, as the ledger recorded it (absent while unknown).
     #[serde(default)]
     pub pod_uid: Option<String>,
     /// Measured memory of the pod's processes on this GPU, MiB; `None` when the pod's
@@ -199,7 +216,7 @@ impl AdminContext {
                         .filter(|g| g.uuid == d.uuid || mig_uuids.contains(&g.uuid.as_str()))
                     {
                         used += if a.is_whole() { shares } else { 1 };
-                        let pod_uid = self.meter.pod_uid(a.pod.as_ref());
+                        let pod_uid = a.pod_uid.as_ref().map(|u| u.as_str().to_owned());
                         let measured = pod_uid
                             .as_ref()
                             .map(|uid| usage.pods.get(uid).copied().unwrap_or_default());
@@ -295,21 +312,15 @@ impl AdminContext {
         }
     }
 
-    fn handle(&self, line: &str) -> Response {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        match words.as_slice() {
-            ["status"] => Response::Status(self.status()),
-            ["topology"] => Response::Topology(self.topology()),
-            ["inject-xid", gpu, xid] => {
+    fn handle(&self, request: Request) -> Response {
+        match request {
+            Request::Status => Response::Status(self.status()),
+            Request::Topology => Response::Topology(self.topology()),
+            Request::InjectXid { gpu, xid } => {
                 let Some(sim) = &self.sim else {
                     return Response::Error(
                         "inject-xid needs the simulated GPU backend (--gpu-backend sim:FILE)"
                             .into(),
-                    );
-                };
-                let (Ok(gpu), Ok(xid)) = (gpu.parse::<u32>(), xid.parse::<u64>()) else {
-                    return Response::Error(
-                        "usage: inject-xid <gpu-index> <xid>, both numbers".into(),
                     );
                 };
                 match sim.uuid_of(gpu).map(str::to_owned) {
@@ -320,51 +331,189 @@ impl AdminContext {
                     None => Response::Error(format!("no GPU with index {gpu}")),
                 }
             }
-            _ => Response::Error(format!(
-                "unknown request {line:?}; expected `status`, `topology` or `inject-xid <gpu> <xid>`"
-            )),
         }
     }
 }
 
-/// Binds the admin socket with mode 0600 (only root, or the agent's user, may talk to it).
+/// A request the admin socket understands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    /// `status`.
+    Status,
+    /// `topology`.
+    Topology,
+    /// `inject-xid <gpu-index> <xid>` (simulated backend only).
+    InjectXid {
+        /// The GPU's index.
+        gpu: u32,
+        /// The XID to inject.
+        xid: u64,
+    },
+}
+
+/// The accepted requests, quoted in every refusal.
+const REQUESTS: &str = "expected `status`, `topology` or `inject-xid <gpu-index> <xid>`";
+
+/// At most this many characters of a refused request are quoted back.
+const QUOTED: usize = 64;
+
+/// Reads one request line (without its newline; surrounding whitespace ignored); the error
+/// says what is wrong and what is accepted.
+pub fn parse_request(line: &str) -> Result<Request, String> {
+    let words: Vec<&str> = line.split_whitespace().take(4).collect();
+    match words.as_slice() {
+        ["status"] => Ok(Request::Status),
+        ["topology"] => Ok(Request::Topology),
+        ["inject-xid", gpu, xid] => match (gpu.parse::<u32>(), xid.parse::<u64>()) {
+            (Ok(gpu), Ok(xid)) => Ok(Request::InjectXid { gpu, xid }),
+            _ => Err("usage: inject-xid <gpu-index> <xid>, both unsigned integers".into()),
+        },
+        _ => {
+            let line = line.trim();
+            let mut quoted: String = line.chars().take(QUOTED).collect();
+            if quoted.len() < line.len() {
+                quoted.push('…');
+            }
+            Err(format!("unknown request {quoted:?}; {REQUESTS}"))
+        }
+    }
+}
+
+/// Reads one request line from `read`: at most [`MAX_REQUEST_BYTES`], within
+/// [`READ_TIMEOUT`], UTF-8. Never holds more than the cap in memory, whatever is sent.
+pub async fn read_request(read: impl AsyncRead + Unpin) -> Result<String, String> {
+    let mut line = Vec::new();
+    let cap = MAX_REQUEST_BYTES as u64;
+    let mut limited = BufReader::new(read.take(cap + 1));
+    match tokio::time::timeout(READ_TIMEOUT, limited.read_until(b'\n', &mut line)).await {
+        Err(_) => {
+            return Err(format!(
+                "no request line within {} s; {REQUESTS}",
+                READ_TIMEOUT.as_secs()
+            ));
+        }
+        Ok(Err(e)) => return Err(format!("cannot read the request: {e}")),
+        Ok(Ok(_)) => {}
+    }
+    if line.last() == Some(&b'\n') {
+        line.pop();
+    } else if line.len() > MAX_REQUEST_BYTES {
+        return Err(format!(
+            "request line longer than {MAX_REQUEST_BYTES} bytes; {REQUESTS}"
+        ));
+    }
+    String::from_utf8(line).map_err(|e| {
+        format!(
+            "request is not UTF-8 text (invalid byte at offset {}); {REQUESTS}",
+            e.utf8_error().valid_up_to()
+        )
+    })
+}
+
+/// Answers one connection: reads its request, writes the answer, closes.
+async fn answer(stream: UnixStream, ctx: &AdminContext) {
+    let (read, mut write) = stream.into_split();
+    let response = match read_request(read).await.and_then(|l| parse_request(&l)) {
+        Ok(request) => ctx.handle(request),
+        Err(reason) => Response::Error(reason),
+    };
+    send(&mut write, &response).await;
+}
+
+async fn send(write: &mut (impl tokio::io::AsyncWrite + Unpin), response: &Response) {
+    // Serialising these plain types cannot fail.
+    let mut text = serde_json::to_string(response).unwrap_or_default();
+    text.push('\n');
+    // A client that never reads its answer does not keep the connection open.
+    let _ = tokio::time::timeout(READ_TIMEOUT, write.write_all(text.as_bytes())).await;
+}
+
+/// Binds the admin socket with mode 0600 (only root, or the agent's user, may talk to it),
+/// never visible at `path` with a wider mode: it is bound in a private directory (mode
+/// 0700, beside `path` so that the rename stays on one filesystem), given mode 0600 there,
+/// then renamed into place. No umask is changed: that would be the whole process's, and
+/// other threads create files meanwhile.
 pub fn bind(path: &Path) -> Result<UnixListener, AdminError> {
     let io = |source| AdminError::Io {
         path: path.to_path_buf(),
         source,
     };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(io)?;
-    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&dir).map_err(io)?;
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(io(e)),
     }
-    let listener = UnixListener::bind(path).map_err(io)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
-    Ok(listener)
+    let name = path
+        .file_name()
+        .map_or_else(|| "admin.sock".into(), |n| n.to_string_lossy().into_owned());
+    let private = dir.join(format!(".{name}.{}.binding", std::process::id()));
+    // Left behind by an agent that died here: nothing in it is worth keeping.
+    let _ = std::fs::remove_dir_all(&private);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&private)
+        .map_err(io)?;
+    let staged = private.join("sock");
+    let bound = UnixListener::bind(&staged)
+        .and_then(|listener| {
+            std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))?;
+            std::fs::rename(&staged, path)?;
+            Ok(listener)
+        })
+        .map_err(io);
+    let _ = std::fs::remove_dir_all(&private);
+    bound
 }
 
 /// Serves requests until the task is dropped.
 pub async fn serve(listener: UnixListener, ctx: Arc<AdminContext>) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut pause = ACCEPT_BACKOFF.0;
+    let mut last_error: Option<String> = None;
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => {
+                pause = ACCEPT_BACKOFF.0;
+                last_error = None;
+                stream
+            }
+            Err(error) => {
+                // Out of file descriptors (EMFILE, ENFILE) or memory: the pending connection
+                // stays queued and accept fails again at once, so wait before retrying.
+                let text = error.to_string();
+                if last_error.as_deref() == Some(text.as_str()) {
+                    tracing::debug!(%error, "admin socket accept failed again");
+                } else {
+                    tracing::warn!(%error, "admin socket accept failed; retrying with backoff (repeats are logged at debug level)");
+                    last_error = Some(text);
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(ACCEPT_BACKOFF.1);
+                continue;
+            }
         };
         let ctx = Arc::clone(&ctx);
-        tokio::spawn(async move {
-            let (read, mut write) = stream.into_split();
-            let mut line = String::new();
-            if BufReader::new(read).read_line(&mut line).await.is_err() {
-                return;
+        match Arc::clone(&permits).try_acquire_owned() {
+            Ok(permit) => {
+                tokio::spawn(async move {
+                    answer(stream, &ctx).await;
+                    drop(permit);
+                });
             }
-            let response = ctx.handle(line.trim());
-            // Serialising these plain types cannot fail.
-            let mut text = serde_json::to_string(&response).unwrap_or_default();
-            text.push('\n');
-            let _ = write.write_all(text.as_bytes()).await;
-        });
+            Err(_) => {
+                tokio::spawn(async move {
+                    let (_, mut write) = stream.into_split();
+                    let busy =
+                        format!("busy: {MAX_CONNECTIONS} admin requests in progress; try again");
+                    send(&mut write, &Response::Error(busy)).await;
+                });
+            }
+        }
     }
 }
 
@@ -484,5 +633,86 @@ fn truncate(s: &str, n: usize) -> String {
         let mut t: String = s.chars().take(n - 1).collect();
         t.push('…');
         t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn requests_are_read_and_refusals_say_what_is_accepted() {
+        assert_eq!(parse_request(" status "), Ok(Request::Status));
+        assert_eq!(parse_request("topology"), Ok(Request::Topology));
+        assert_eq!(
+            parse_request("inject-xid 2 79"),
+            Ok(Request::InjectXid { gpu: 2, xid: 79 })
+        );
+        for bad in ["", "stat", "status now", "inject-xid -1 79", "inject-xid 1"] {
+            let err = parse_request(bad).unwrap_err();
+            assert!(
+                err.contains("inject-xid <gpu-index> <xid>"),
+                "{bad:?}: {err}"
+            );
+        }
+        let err = parse_request(&"x".repeat(5000)).unwrap_err();
+        assert!(
+            err.len() < 300,
+            "a refusal quotes a little of the request: {err}"
+        );
+    }
+
+    fn read(bytes: Vec<u8>) -> Result<String, String> {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+            .block_on(read_request(std::io::Cursor::new(bytes)))
+    }
+
+    #[test]
+    fn a_line_is_capped_and_must_be_utf8() {
+        assert_eq!(read(b"status\n".to_vec()), Ok("status".into()));
+        assert_eq!(
+            read(b"status".to_vec()),
+            Ok("status".into()),
+            "EOF ends a line"
+        );
+        let mut at_cap = vec![b'x'; MAX_REQUEST_BYTES - 1];
+        at_cap.push(b'\n');
+        assert_eq!(read(at_cap).map(|l| l.len()), Ok(MAX_REQUEST_BYTES - 1));
+        let err = read(vec![b'x'; MAX_REQUEST_BYTES + 1]).unwrap_err();
+        assert!(
+            err.starts_with("request line longer than 4096 bytes"),
+            "{err}"
+        );
+        let err = read(b"sta\xfftus\n".to_vec()).unwrap_err();
+        assert!(
+            err.starts_with("request is not UTF-8 text (invalid byte at offset 3)"),
+            "{err}"
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// Any bytes on the socket: a request, or an error that says what is accepted (or
+        /// why the line was not read); never a panic.
+        #[test]
+        fn any_bytes_are_a_request_or_a_clear_refusal(
+            bytes in prop::collection::vec(any::<u8>(), 0..600),
+            words in "(status|topology|inject-xid)( [0-9]{1,25}){0,3}[ \n]?",
+        ) {
+            for input in [bytes.clone(), words.into_bytes()] {
+                match read(input.clone()).and_then(|l| parse_request(&l)) {
+                    Ok(Request::Status | Request::Topology | Request::InjectXid { .. }) => {}
+                    Err(e) => prop_assert!(
+                        e.contains(REQUESTS) || e.starts_with("usage: inject-xid"),
+                        "{input:?}: {e}"
+                    ),
+                }
+            }
+        }
     }
 }

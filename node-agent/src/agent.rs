@@ -135,6 +135,10 @@ impl Agent {
             "GPU inventory read"
         );
         let grace_ms = config.reconcile_grace.as_millis() as u64;
+        // Whether the source's first list of the node's pods is in before the first
+        // reconcile: if not, containers the ledger lacks are adopted the moment it arrives.
+        let mut first_list = config.source.synced();
+        let listed_at_start = *first_list.borrow_and_update();
         if config.pod_resources_socket.exists() {
             if let Err(error) = reconcile_once(
                 &node,
@@ -185,8 +189,11 @@ impl Agent {
             config,
             Arc::clone(&node),
             servers,
-            admin_listener,
-            metrics_listener,
+            Listeners {
+                admin: admin_listener,
+                metrics: metrics_listener,
+            },
+            (!listed_at_start).then_some(first_list),
             stop_rx,
             Arc::clone(&watching),
         ));
@@ -227,12 +234,20 @@ impl Agent {
 /// How often GPU conditions (lost, NVSwitch fabric) are polled.
 const CONDITION_EVERY: Duration = Duration::from_secs(5);
 
+/// The sockets bound before serving, so a bad address fails the start.
+struct Listeners {
+    admin: Option<tokio::net::UnixListener>,
+    metrics: Option<tokio::net::TcpListener>,
+}
+
+/// Serves until stopped. `first_list` is the source's `synced` when its first list of the
+/// node's pods was not in at the start's reconcile: the reconcile runs again the moment it is.
 async fn run(
     config: AgentConfig,
     node: Arc<Node>,
     servers: Vec<PluginServer>,
-    admin_listener: Option<tokio::net::UnixListener>,
-    metrics_listener: Option<tokio::net::TcpListener>,
+    listeners: Listeners,
+    first_list: Option<watch::Receiver<bool>>,
     mut stop: watch::Receiver<bool>,
     watching: Arc<AtomicBool>,
 ) -> Result<(), AgentError> {
@@ -246,7 +261,6 @@ async fn run(
     let watchdog = config.watchdog.and_then(|settings| {
         crate::enforce::watchdog::start_for_node(
             &node,
-            Arc::clone(&config.source),
             config.proc_root.clone(),
             settings,
             Arc::clone(&config.events),
@@ -303,14 +317,14 @@ async fn run(
         )));
     }
 
-    if let Some(listener) = metrics_listener {
+    if let Some(listener) = listeners.metrics {
         background.push(tokio::spawn(crate::metrics::serve(
             listener,
             Arc::clone(&node),
         )));
     }
 
-    if let Some(listener) = admin_listener {
+    if let Some(listener) = listeners.admin {
         let ctx = Arc::new(AdminContext {
             node: Arc::clone(&node),
             node_name: config.node_name.clone(),
@@ -330,8 +344,16 @@ async fn run(
         background.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.tick().await;
+            // Adoption waits for the source's first list of the node's pods: reconcile the
+            // moment it arrives (or at once, if it came before this task ran) rather than a
+            // whole period later.
+            let mut awaiting = first_list.is_some();
+            let mut synced = first_list.unwrap_or_else(|| source.synced());
             loop {
-                tick.tick().await;
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = synced.wait_for(|s| *s), if awaiting => awaiting = false,
+                }
                 if !socket.exists() {
                     continue;
                 }
@@ -346,8 +368,8 @@ async fn run(
     if let Some(mut departures) = config.source.departures() {
         let node = Arc::clone(&node);
         background.push(tokio::spawn(async move {
-            while let Some(pod) = departures.recv().await {
-                node.release_departed(&pod);
+            while let Some(uid) = departures.recv().await {
+                node.release_departed(&uid);
             }
         }));
     }
@@ -382,6 +404,19 @@ fn held_ids(node: &Node) -> std::collections::BTreeSet<u64> {
         .collect()
 }
 
+/// Attaches every MPS allocation of the ledger (recorded `mps` at Allocate, or adopted so)
+/// to its GPU's daemon.
+fn attach_mps_clients(node: &Node, mps: &crate::enforce::mps::MpsManager) {
+    use tessera_contract::Isolation;
+    for a in node.ledger.lock().allocations() {
+        if a.isolation == Isolation::Mps && a.origin == crate::ledger::Origin::Assigned {
+            for g in &a.grants {
+                mps.attach(&g.uuid, a.id);
+            }
+        }
+    }
+}
+
 /// The MPS manager (re-attached to the recovered MPS allocations, adopting the daemons
 /// a previous agent left) and the MIG manager when creation is on.
 fn isolation_managers(
@@ -391,20 +426,9 @@ fn isolation_managers(
     Arc<crate::enforce::mps::MpsManager>,
     Option<Arc<crate::enforce::mig::MigManager>>,
 ) {
-    use tessera_contract::Isolation;
     let mps = Arc::new(crate::enforce::mps::MpsManager::new(config.mps.clone()));
     mps.adopt_running();
-    for a in node.ledger.lock().allocations() {
-        let is_mps = a
-            .pod
-            .as_ref()
-            .is_some_and(|p| config.source.isolation(p) == Some(Isolation::Mps));
-        if is_mps && a.origin == crate::ledger::Origin::Assigned {
-            for g in &a.grants {
-                mps.attach(&g.uuid, a.id);
-            }
-        }
-    }
+    attach_mps_clients(node, &mps);
     let mig = config.mig.create.then(|| {
         let mig = crate::enforce::mig::MigManager::new(
             Arc::clone(node.backend()),
@@ -427,9 +451,13 @@ fn supervise_isolation(
     let mut tasks = Vec::new();
     {
         let node = Arc::clone(node);
-        tasks.push(tokio::spawn(
-            Arc::clone(mps).supervise(move || held_ids(&node)),
-        ));
+        let clients = Arc::clone(mps);
+        tasks.push(tokio::spawn(Arc::clone(mps).supervise(move || {
+            // MPS allocations the reconcile adopted after start (a lost checkpoint) are
+            // clients too: their daemon is kept alive and restarted like any other's.
+            attach_mps_clients(&node, &clients);
+            held_ids(&node)
+        })));
     }
     if let Some(mig) = mig {
         let (mig, node, every) = (Arc::clone(mig), Arc::clone(node), config.mig.sweep_every);
@@ -438,9 +466,8 @@ fn supervise_isolation(
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                let held = held_ids(&node);
-                let mig = Arc::clone(&mig);
-                let _ = tokio::task::spawn_blocking(move || mig.sweep(&held)).await;
+                let (mig, node) = (Arc::clone(&mig), Arc::clone(&node));
+                let _ = tokio::task::spawn_blocking(move || mig.sweep(|| held_ids(&node))).await;
             }
         }));
     }

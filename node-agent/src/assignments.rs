@@ -11,10 +11,11 @@
 //! and [`NoAssignments`] (`--no-kube`): every request then gets whole free GPUs.
 
 use parking_lot::Mutex;
+use tokio::sync::watch;
 
-use tessera_contract::{Assignment, GpuSlice};
+use tessera_contract::{Assignment, GpuSlice, Isolation};
 
-use crate::ledger::PodRef;
+use crate::ledger::{PodRef, PodUid};
 
 /// A container of a pending pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,51 +31,63 @@ pub struct PendingContainer {
 /// A pod bound to this node that requests `nvidia.com/gpu`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PendingPod {
-    /// Namespace and name of the pod, as assignments and the ledger key it.
+    /// The pod's UID: what the ledger and the plugin key it by.
+    pub uid: PodUid,
+    /// Namespace and name of the pod, for messages and for matching pod-resources.
     pub pod: PodRef,
     /// Creation time (ms since epoch): the kubelet admits pods oldest first, so ties
     /// between indistinguishable requests go to the oldest pod.
     pub created_unix_ms: u64,
+    /// Its `tessera.dev/isolation` as the source sees it now: read once, when a container is
+    /// allocated, and recorded in the ledger then.
+    pub isolation: Isolation,
     /// Containers requesting GPUs.
     pub containers: Vec<PendingContainer>,
 }
 
+/// What a source says about the pod it lists under some namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedPod {
+    /// Its UID.
+    pub uid: PodUid,
+    /// The coordinator's assignment; `None` for a pod another scheduler placed.
+    pub assignment: Option<Assignment>,
+    /// Its `tessera.dev/isolation`, the default when absent.
+    pub isolation: Isolation,
+}
+
 /// A source of assignments for this node's pods.
 pub trait AssignmentSource: Send + Sync + 'static {
-    /// `none`, `static`, `kube`.
+    /// `none`, `static`, `coordinator`, `kube`.
     fn kind(&self) -> &'static str;
+
+    /// True once the source has its first full list of the node's pods: before that, a pod
+    /// missing from it says nothing. The receiver sees every change; the default is a
+    /// source that is complete from the start.
+    fn synced(&self) -> watch::Receiver<bool> {
+        watch::channel(true).1
+    }
 
     /// Pods bound to this node that request `nvidia.com/gpu` and have neither started nor
     /// begun terminating, oldest first: the pods an Allocate can be for. Their containers
     /// already in the ledger are allocated; the others wait for the kubelet.
     fn pending(&self) -> Vec<PendingPod>;
 
-    /// The assignment of `pod`, if it has one (used when re-learning allocations).
-    fn assignment_of(&self, pod: &PodRef) -> Option<Assignment> {
+    /// The pod the source lists under `pod`'s namespace and name now, if any: how a
+    /// container the kubelet's pod-resources names (it reports names, not UIDs) is tied to
+    /// a UID and an assignment when the ledger is re-learned.
+    fn listed(&self, pod: &PodRef) -> Option<ListedPod> {
         let _ = pod;
         None
     }
 
-    /// The UID of `pod` (`metadata.uid`), which names its cgroups; `None` when unknown,
-    /// and then its processes cannot be told apart from unknown ones.
-    fn pod_uid(&self, pod: &PodRef) -> Option<String> {
-        let _ = pod;
-        None
-    }
-
-    /// How `pod`'s limits are enforced (`tessera.dev/isolation`); `None` when the
-    /// source does not know, which means the default, the watchdog.
-    fn isolation(&self, pod: &PodRef) -> Option<tessera_contract::Isolation> {
-        let _ = pod;
-        None
-    }
-
-    /// Pods that left this node (deleted, or finished) as the source learns of it; the
-    /// agent releases their ledger shares at once instead of at the next reconcile, so a
-    /// pod the coordinator places on the freed share is not refused as an overcommit.
-    /// `None` when the source cannot tell (the periodic reconcile still frees them).
-    /// Taken once; later calls return `None`.
-    fn departures(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<PodRef>> {
+    /// Pods that left this node (deleted, or finished), by UID, as the source learns of
+    /// it; the agent releases their ledger shares at once instead of at the next
+    /// reconcile, so a pod the coordinator places on the freed share is not refused as an
+    /// overcommit. A pod created again under the same name has another UID and keeps its
+    /// own shares. `None` when the source cannot tell (the periodic reconcile still frees
+    /// them). Taken once; later calls return `None`.
+    fn departures(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<PodUid>> {
         None
     }
 }
@@ -94,19 +107,20 @@ impl AssignmentSource for NoAssignments {
 }
 
 /// Assignments held in memory and set by the caller: for tests and demos that play
-/// the coordinator without a cluster.
+/// the coordinator without a cluster. Pods are addressed by namespace and name, as a test
+/// writes them; each gets the UID `uid-<namespace>-<name>` unless [`StaticAssignments::set_uid`]
+/// gives it another (a pod bound again after [`StaticAssignments::unbind`] is a new pod, and
+/// a test that wants it told apart gives it a new UID).
 #[derive(Debug, Default)]
 pub struct StaticAssignments {
-    inner: Mutex<StaticInner>,
+    inner: Mutex<Vec<StaticPod>>,
 }
 
-#[derive(Debug, Default)]
-struct StaticInner {
-    pods: Vec<PendingPod>,
-    assignments: Vec<(PodRef, Assignment)>,
-    started: Vec<PodRef>,
-    uids: Vec<(PodRef, String)>,
-    isolation: Vec<(PodRef, tessera_contract::Isolation)>,
+#[derive(Debug, Clone)]
+struct StaticPod {
+    pending: PendingPod,
+    assignment: Option<Assignment>,
+    started: bool,
 }
 
 impl StaticAssignments {
@@ -117,7 +131,7 @@ impl StaticAssignments {
 
     /// Adds a pod bound to this node whose containers request `slots` each and carry
     /// `assignment` (containers are matched by name; a container missing from it has
-    /// no assignment).
+    /// no assignment). A pod already bound under that name is replaced.
     pub fn bind(
         &self,
         pod: PodRef,
@@ -139,40 +153,55 @@ impl StaticAssignments {
             })
             .collect();
         let mut inner = self.inner.lock();
-        if let Some(a) = assignment {
-            inner.assignments.push((pod.clone(), a));
-        }
-        inner.pods.push(PendingPod {
-            pod,
-            created_unix_ms,
-            containers,
+        inner.retain(|p| p.pending.pod != pod);
+        inner.push(StaticPod {
+            pending: PendingPod {
+                uid: PodUid::new(format!("uid-{}-{}", pod.namespace, pod.name)),
+                pod,
+                created_unix_ms,
+                isolation: Isolation::default(),
+                containers,
+            },
+            assignment,
+            started: false,
         });
     }
 
-    /// Gives `pod` the UID `uid` (as the API server would in `metadata.uid`).
-    pub fn set_uid(&self, pod: PodRef, uid: impl Into<String>) {
-        let mut inner = self.inner.lock();
-        inner.uids.retain(|(p, _)| *p != pod);
-        inner.uids.push((pod, uid.into()));
+    fn with(&self, pod: &PodRef, change: impl FnOnce(&mut StaticPod)) {
+        if let Some(p) = self.inner.lock().iter_mut().find(|p| p.pending.pod == *pod) {
+            change(p);
+        }
     }
 
-    /// Gives `pod` the isolation mode `mode` (as its `tessera.dev/isolation` annotation would).
-    pub fn set_isolation(&self, pod: PodRef, mode: tessera_contract::Isolation) {
-        let mut inner = self.inner.lock();
-        inner.isolation.retain(|(p, _)| *p != pod);
-        inner.isolation.push((pod, mode));
+    /// Gives the pod bound as `pod` the UID `uid` (as the API server would in `metadata.uid`).
+    pub fn set_uid(&self, pod: PodRef, uid: impl Into<String>) {
+        let uid = PodUid::new(uid);
+        self.with(&pod, |p| p.pending.uid = uid);
+    }
+
+    /// Gives the pod bound as `pod` the isolation mode `mode` (as its `tessera.dev/isolation`
+    /// annotation would).
+    pub fn set_isolation(&self, pod: PodRef, mode: Isolation) {
+        self.with(&pod, |p| p.pending.isolation = mode);
     }
 
     /// Drops `pod`, as when it is deleted.
     pub fn unbind(&self, pod: &PodRef) {
-        let mut inner = self.inner.lock();
-        inner.pods.retain(|p| p.pod != *pod);
-        inner.assignments.retain(|(p, _)| p != pod);
+        self.inner.lock().retain(|p| p.pending.pod != *pod);
     }
 
     /// Marks `pod` started (as its container statuses would): it is no longer pending.
     pub fn set_started(&self, pod: &PodRef) {
-        self.inner.lock().started.push(pod.clone());
+        self.with(pod, |p| p.started = true);
+    }
+
+    /// The UID of the pod bound as `pod`.
+    pub fn uid(&self, pod: &PodRef) -> Option<PodUid> {
+        self.inner
+            .lock()
+            .iter()
+            .find(|p| p.pending.pod == *pod)
+            .map(|p| p.pending.uid.clone())
     }
 }
 
@@ -184,40 +213,24 @@ impl AssignmentSource for StaticAssignments {
     fn pending(&self) -> Vec<PendingPod> {
         let inner = self.inner.lock();
         let mut pods: Vec<PendingPod> = inner
-            .pods
             .iter()
-            .filter(|p| !inner.started.contains(&p.pod))
-            .cloned()
+            .filter(|p| !p.started)
+            .map(|p| p.pending.clone())
             .collect();
-        pods.sort_by(|a, b| (a.created_unix_ms, &a.pod).cmp(&(b.created_unix_ms, &b.pod)));
+        pods.sort_by(|a, b| (a.created_unix_ms, &a.uid).cmp(&(b.created_unix_ms, &b.uid)));
         pods
     }
 
-    fn assignment_of(&self, pod: &PodRef) -> Option<Assignment> {
+    fn listed(&self, pod: &PodRef) -> Option<ListedPod> {
         self.inner
             .lock()
-            .assignments
             .iter()
-            .find(|(p, _)| p == pod)
-            .map(|(_, a)| a.clone())
-    }
-
-    fn pod_uid(&self, pod: &PodRef) -> Option<String> {
-        self.inner
-            .lock()
-            .uids
-            .iter()
-            .find(|(p, _)| p == pod)
-            .map(|(_, u)| u.clone())
-    }
-
-    fn isolation(&self, pod: &PodRef) -> Option<tessera_contract::Isolation> {
-        self.inner
-            .lock()
-            .isolation
-            .iter()
-            .find(|(p, _)| p == pod)
-            .map(|(_, m)| *m)
+            .find(|p| p.pending.pod == *pod)
+            .map(|p| ListedPod {
+                uid: p.pending.uid.clone(),
+                assignment: p.assignment.clone(),
+                isolation: p.pending.isolation,
+            })
     }
 }
 
@@ -235,5 +248,18 @@ mod tests {
         s.set_started(&PodRef::new("ns", "a"));
         assert_eq!(s.pending().len(), 1);
         assert_eq!(s.pending()[0].pod.name, "b");
+    }
+
+    #[test]
+    fn a_pod_bound_again_under_its_name_is_listed_with_its_new_uid() {
+        let s = StaticAssignments::new();
+        let pod = PodRef::new("ns", "a");
+        s.bind(pod.clone(), 1, &[("c", 1)], None);
+        s.set_uid(pod.clone(), "first");
+        s.unbind(&pod);
+        s.bind(pod.clone(), 2, &[("c", 1)], None);
+        s.set_uid(pod.clone(), "second");
+        assert_eq!(s.pending().len(), 1);
+        assert_eq!(s.listed(&pod).unwrap().uid, PodUid::new("second"));
     }
 }

@@ -21,17 +21,16 @@ use tessera_contract::keys::{
     ASSIGNMENT as ASSIGNMENT_ANNOTATION, ISOLATION as ISOLATION_ANNOTATION,
 };
 use tessera_contract::pod::{allocation_order, container_gpus, has_started, is_finished};
-use tessera_contract::{Assignment, Isolation};
 
-use crate::assignments::{AssignmentSource, PendingPod};
-use crate::ledger::PodRef;
+use crate::assignments::{AssignmentSource, ListedPod, PendingPod};
+use crate::ledger::{PodRef, PodUid};
 use crate::pod_table::{BoundPod, PodTable, RawPod};
 
 /// Assignments from the pods bound to this node.
 pub struct KubeAssignments {
     table: Arc<RwLock<PodTable>>,
     synced: watch::Receiver<bool>,
-    departures: Mutex<Option<mpsc::UnboundedReceiver<PodRef>>>,
+    departures: Mutex<Option<mpsc::UnboundedReceiver<PodUid>>>,
     task: JoinHandle<()>,
 }
 
@@ -127,19 +126,20 @@ impl KubeAssignments {
                             let _ = synced_tx.send(true);
                         }
                         watcher::Event::Apply(pod) => {
+                            let uid = pod_uid(&pod);
                             if is_finished(&pod) {
-                                let _ = departed_tx.send(pod_ref(&pod));
+                                let _ = departed_tx.send(uid.clone());
                             }
                             let mut t = table.write();
                             match keyed(&pod) {
                                 Some(entry) => t.insert(entry),
-                                None => t.remove(&pod_ref(&pod)),
+                                None => t.remove(&uid),
                             }
                         }
                         watcher::Event::Delete(pod) => {
-                            let key = pod_ref(&pod);
-                            let _ = departed_tx.send(key.clone());
-                            table.write().remove(&key);
+                            let uid = pod_uid(&pod);
+                            let _ = departed_tx.send(uid.clone());
+                            table.write().remove(&uid);
                         }
                     }
                 }
@@ -169,6 +169,10 @@ fn pod_ref(pod: &Pod) -> PodRef {
     )
 }
 
+fn pod_uid(pod: &Pod) -> PodUid {
+    PodUid::new(pod.metadata.uid.clone().unwrap_or_default())
+}
+
 fn keyed(pod: &Pod) -> Option<BoundPod> {
     match read_pod(pod) {
         Ok(Some(entry)) => Some(entry),
@@ -187,30 +191,27 @@ impl AssignmentSource for KubeAssignments {
         "kube"
     }
 
+    fn synced(&self) -> watch::Receiver<bool> {
+        self.synced.clone()
+    }
+
     fn pending(&self) -> Vec<PendingPod> {
         self.table.read().pending()
     }
 
-    fn assignment_of(&self, pod: &PodRef) -> Option<Assignment> {
-        self.table.read().assignment_of(pod)
+    fn listed(&self, pod: &PodRef) -> Option<ListedPod> {
+        self.table.read().listed(pod)
     }
 
-    fn pod_uid(&self, pod: &PodRef) -> Option<String> {
-        self.table.read().pod_uid(pod)
-    }
-
-    fn departures(&self) -> Option<mpsc::UnboundedReceiver<PodRef>> {
+    fn departures(&self) -> Option<mpsc::UnboundedReceiver<PodUid>> {
         self.departures.lock().take()
-    }
-
-    fn isolation(&self, pod: &PodRef) -> Option<Isolation> {
-        self.table.read().isolation(pod)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tessera_contract::Isolation;
 
     fn pod(annotations: serde_json::Value, limit: &str) -> Pod {
         serde_json::from_value(serde_json::json!({
@@ -238,10 +239,7 @@ mod tests {
             "GPU-a"
         );
         assert_eq!(entry.pending.created_unix_ms, 1_767_225_601_000);
-        assert_eq!(
-            entry.uid.as_deref(),
-            Some("6a1f0c2e-8b3d-4c5e-9f70-1a2b3c4d5e6f")
-        );
+        assert_eq!(entry.uid().as_str(), "6a1f0c2e-8b3d-4c5e-9f70-1a2b3c4d5e6f");
         assert!(!entry.started && !entry.terminating);
     }
 
@@ -269,9 +267,9 @@ mod tests {
         let entry = read_pod(&pod(serde_json::json!({ISOLATION_ANNOTATION: "mps"}), "1"))
             .unwrap()
             .unwrap();
-        assert_eq!(entry.isolation, Some(Isolation::Mps));
+        assert_eq!(entry.pending.isolation, Isolation::Mps);
         let entry = read_pod(&pod(serde_json::json!({}), "1")).unwrap().unwrap();
-        assert_eq!(entry.isolation, None);
+        assert_eq!(entry.pending.isolation, Isolation::Watchdog);
         let err =
             read_pod(&pod(serde_json::json!({ISOLATION_ANNOTATION: "hard"}), "1")).unwrap_err();
         assert!(err.starts_with(ISOLATION_ANNOTATION), "{err}");

@@ -1,11 +1,18 @@
 //! Who holds which share of which GPU on this node.
 //!
 //! Every successful `Allocate` becomes an [`Allocation`]: the slots the kubelet handed
-//! out, the GPUs with the memory and compute granted on each, and (when known) the pod
-//! and container. The ledger is checkpointed as JSON under the state directory after
-//! every change (write to a temporary file, then rename, so a crash leaves the old or
-//! the new file, never half of one), and reconciled with the kubelet's pod-resources
-//! `List`, which is the truth about which pod holds which slot.
+//! out, the GPUs with the memory and compute granted on each, the isolation mode its
+//! limits are enforced in, and (when known) the pod, by UID, and container. What is recorded
+//! at Allocate is never changed from a later pod list: a pod's owner cannot switch its
+//! enforcement off or move its share by editing its annotations.
+//!
+//! The ledger is checkpointed as JSON under the state directory after every change (the
+//! new text is written to a temporary file and fsynced, renamed over the old one, and the
+//! directory fsynced, so a crash or power cut leaves the old or the new file, never half
+//! of one or an empty one), and reconciled with the kubelet's pod-resources `List`, which
+//! is the truth about which pod holds which slot. A checkpoint that is missing, empty or
+//! not a ledger is logged, moved aside (`ledger.json.corrupt-<unix-ms>`) and the agent
+//! starts empty; the reconcile rebuilds it.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -15,6 +22,7 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 use serde::{Deserialize, Serialize};
+use tessera_contract::Isolation;
 
 /// File name of the checkpoint inside the state directory.
 pub const CHECKPOINT_FILE: &str = "ledger.json";
@@ -29,14 +37,6 @@ pub enum LedgerError {
         path: PathBuf,
         /// Why reading or (atomically) replacing it failed.
         source: std::io::Error,
-    },
-    /// The file exists but is not a ledger.
-    #[error("ledger checkpoint {path} is not valid: {reason} (move it away to start empty)")]
-    Corrupt {
-        /// The checkpoint, `ledger.json` in the agent's `--state-dir`.
-        path: PathBuf,
-        /// What the JSON parser refused, with line and column.
-        reason: String,
     },
 }
 
@@ -62,6 +62,32 @@ impl PodRef {
 impl std::fmt::Display for PodRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A pod by `metadata.uid`: how the agent tells pods apart. A pod deleted and created
+/// again under the same name is another pod with another UID, and inherits nothing; the
+/// namespace and name ([`PodRef`]) are kept for display and for reading the kubelet's
+/// pod-resources `List`, which names pods, not UIDs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct PodUid(String);
+
+impl PodUid {
+    /// The UID `uid`.
+    pub fn new(uid: impl Into<String>) -> Self {
+        Self(uid.into())
+    }
+
+    /// The UID as the API server wrote it (it also names the pod's cgroups).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for PodUid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
     }
 }
 
@@ -99,10 +125,21 @@ pub struct Allocation {
     pub slots: Vec<String>,
     /// What the container got on each GPU.
     pub grants: Vec<Grant>,
-    /// The pod, once known (from the assignment or from pod-resources).
+    /// The pod's namespace and name, once known (from the assignment source or from
+    /// pod-resources): for display and for matching pod-resources, never as its identity.
     pub pod: Option<PodRef>,
+    /// The pod's UID, once known: what the allocation belongs to. Checkpoints written before
+    /// it was recorded have none; the reconcile fills it in from the assignment source once
+    /// the kubelet shows the pod holding the allocation's slots.
+    #[serde(default)]
+    pub pod_uid: Option<PodUid>,
     /// The container, once known.
     pub container: Option<String>,
+    /// How the container's limits (its `grants`) are enforced, fixed at Allocate: later
+    /// changes to the pod's `tessera.dev/isolation` change nothing. Checkpoints written
+    /// before it was recorded read as `watchdog`, the default mode.
+    #[serde(default)]
+    pub isolation: Isolation,
     /// Why.
     pub origin: Origin,
     /// When, in milliseconds since the Unix epoch.
@@ -151,8 +188,31 @@ pub struct ReconcileReport {
     pub released: Vec<u64>,
     /// Containers the kubelet reports that the ledger did not know (adopted).
     pub adopted: Vec<u64>,
-    /// Allocations whose pod or container was learned or corrected.
+    /// Allocations whose pod, UID or container was learned or corrected.
     pub named: Vec<u64>,
+    /// Containers the kubelet reports that the ledger did not know and did not adopt yet,
+    /// each with why (`ns/name/container: reason`); a later reconcile looks again.
+    pub waiting: Vec<String>,
+}
+
+impl ReconcileReport {
+    /// Whether the ledger changed.
+    pub fn changed(&self) -> bool {
+        !(self.released.is_empty() && self.adopted.is_empty() && self.named.is_empty())
+    }
+}
+
+/// How a container the kubelet lists, and the ledger does not know, is taken in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Adoption {
+    /// The UID of its pod, when the assignment source knows it.
+    pub pod_uid: Option<PodUid>,
+    /// What it holds.
+    pub grants: Vec<Grant>,
+    /// Why.
+    pub origin: Origin,
+    /// How its limits are enforced.
+    pub isolation: Isolation,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -239,10 +299,44 @@ impl Writer {
     }
 }
 
+/// Replaces `path` with `text` so that a crash or a power cut at any point leaves the old
+/// file or the new one: the temporary file's data is on disk before the rename makes it
+/// the checkpoint (else the rename can reach the disk first, leaving an empty file), and
+/// the directory is synced after, so the rename itself is not lost.
 fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
     let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, path)
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()?;
+    drop(file);
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Why a checkpoint could not be used, for the log.
+fn unusable(text: &str, error: &serde_json::Error) -> String {
+    if text.trim().is_empty() {
+        "the file is empty".to_owned()
+    } else {
+        format!("not a ledger: {error}")
+    }
+}
+
+/// Moves an unusable checkpoint out of the way, keeping it for a post-mortem; returns
+/// where it went.
+fn move_aside(path: &Path) -> std::io::Result<PathBuf> {
+    let mut aside = path.as_os_str().to_owned();
+    aside.push(format!(".corrupt-{}", now_unix_ms()));
+    let aside = PathBuf::from(aside);
+    std::fs::rename(path, &aside)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(aside)
 }
 
 /// Milliseconds since the Unix epoch.
@@ -258,8 +352,11 @@ impl Ledger {
         Self::default()
     }
 
-    /// Opens the checkpoint in `state_dir` (creating the directory), starting empty
-    /// when there is none.
+    /// Opens the checkpoint in `state_dir` (creating the directory). A missing, empty or
+    /// unreadable checkpoint is logged (warn, naming the file and what was wrong) and the
+    /// ledger starts empty, to be rebuilt by the reconcile with the kubelet; an empty or
+    /// unreadable file is first moved aside (`ledger.json.corrupt-<unix-ms>`). Only a
+    /// state directory that cannot be created is an error.
     pub fn open(state_dir: &Path) -> Result<Self, LedgerError> {
         std::fs::create_dir_all(state_dir).map_err(|source| LedgerError::Io {
             path: state_dir.to_path_buf(),
@@ -267,12 +364,47 @@ impl Ledger {
         })?;
         let path = state_dir.join(CHECKPOINT_FILE);
         let file = match std::fs::read_to_string(&path) {
-            Ok(text) => serde_json::from_str(&text).map_err(|e| LedgerError::Corrupt {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => LedgerFile::default(),
-            Err(source) => return Err(LedgerError::Io { path, source }),
+            Ok(text) => match serde_json::from_str::<LedgerFile>(&text) {
+                Ok(mut file) => {
+                    // A hand-edited file may carry ids above `next_id`: never hand one out twice.
+                    let top = file.allocations.iter().map(|a| a.id).max().unwrap_or(0);
+                    file.next_id = file.next_id.max(top);
+                    file
+                }
+                Err(error) => {
+                    let reason = unusable(&text, &error);
+                    match move_aside(&path) {
+                        Ok(aside) => tracing::warn!(
+                            path = %path.display(), %reason, moved_to = %aside.display(),
+                            "the ledger checkpoint cannot be used; moved aside, starting empty and \
+                             rebuilding from the kubelet's pod-resources and the coordinator's assignments"
+                        ),
+                        Err(error) => tracing::warn!(
+                            path = %path.display(), %reason, %error,
+                            "the ledger checkpoint cannot be used nor moved aside; starting empty and \
+                             rebuilding from the kubelet's pod-resources and the coordinator's assignments \
+                             (the next checkpoint replaces it)"
+                        ),
+                    }
+                    LedgerFile::default()
+                }
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                tracing::warn!(
+                    path = %path.display(),
+                    "no ledger checkpoint (a first start on this node, or the state directory was lost); \
+                     starting empty and rebuilding from the kubelet's pod-resources and the coordinator's assignments"
+                );
+                LedgerFile::default()
+            }
+            Err(error) => {
+                tracing::warn!(
+                    path = %path.display(), %error,
+                    "cannot read the ledger checkpoint; starting empty and rebuilding from the kubelet's \
+                     pod-resources and the coordinator's assignments (the next checkpoint replaces it)"
+                );
+                LedgerFile::default()
+            }
         };
         Ok(Self {
             writer: Some(Writer::start(path.clone())),
@@ -331,12 +463,12 @@ impl Ledger {
         Ok(gone)
     }
 
-    /// Drops every allocation of `pod` (it was deleted or finished) and checkpoints;
-    /// returns them.
-    pub fn release_pod(&mut self, pod: &PodRef) -> Result<Vec<Allocation>, LedgerError> {
+    /// Drops every allocation of the pod with UID `uid` (it was deleted or finished) and
+    /// checkpoints; returns them. A pod of the same name with another UID keeps its own.
+    pub fn release_pod(&mut self, uid: &PodUid) -> Result<Vec<Allocation>, LedgerError> {
         let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.file.allocations)
             .into_iter()
-            .partition(|a| a.pod.as_ref() == Some(pod));
+            .partition(|a| a.pod_uid.as_ref() == Some(uid));
         self.file.allocations = kept;
         if !gone.is_empty() {
             self.persist()?;
@@ -344,13 +476,23 @@ impl Ledger {
         Ok(gone)
     }
 
-    /// What GPU `uuid` has handed out.
+    /// What GPU `uuid` has handed out. The sums saturate: a checkpoint edited by hand
+    /// cannot make them wrap around to look free.
     pub fn usage(&self, uuid: &str) -> GpuUsage {
+        self.usage_except(uuid, &[])
+    }
+
+    /// What GPU `uuid` has handed out to allocations holding none of `slots` (the kubelet
+    /// handing a slot out again proves its holder gone).
+    pub fn usage_except(&self, uuid: &str, slots: &[String]) -> GpuUsage {
         let mut usage = GpuUsage::default();
         for a in &self.file.allocations {
+            if a.slots.iter().any(|s| slots.contains(s)) {
+                continue;
+            }
             for g in a.grants.iter().filter(|g| g.uuid == uuid) {
-                usage.memory_mib += g.memory_mib;
-                usage.compute_milli += g.compute_milli;
+                usage.memory_mib = usage.memory_mib.saturating_add(g.memory_mib);
+                usage.compute_milli = usage.compute_milli.saturating_add(g.compute_milli);
                 usage.whole |= a.is_whole();
                 usage.holders += 1;
             }
@@ -358,24 +500,31 @@ impl Ledger {
         usage
     }
 
-    /// Whether `container` of `pod` already has an allocation.
-    pub fn has_container(&self, pod: &PodRef, container: &str) -> bool {
+    /// Whether `container` of the pod with UID `uid` already has an allocation.
+    pub fn has_container(&self, uid: &PodUid, container: &str) -> bool {
         self.file
             .allocations
             .iter()
-            .any(|a| a.pod.as_ref() == Some(pod) && a.container.as_deref() == Some(container))
+            .any(|a| a.pod_uid.as_ref() == Some(uid) && a.container.as_deref() == Some(container))
     }
 
     /// Makes the ledger agree with the kubelet: names allocations after the pods that
-    /// hold their slots, releases allocations older than `grace_ms` whose slots no pod
-    /// holds, and adopts listed containers the ledger does not know, with grants from
-    /// `grants_for` (the pod's assignment, or whole GPUs).
+    /// hold their slots (`uid_of` gives the UID of a pod the kubelet names, from the
+    /// assignment source), releases allocations older than `grace_ms` whose slots no pod
+    /// holds, and adopts listed containers the ledger does not know as `adopt` says, or
+    /// leaves them for a later pass with the reason it gives.
+    ///
+    /// An allocation keeps the UID it has while the kubelet shows a pod of its name
+    /// holding its slots: the slots prove it is the same pod, even when a newer pod of that
+    /// name exists. A UID is learned only for an allocation that has none, or whose slots a
+    /// pod of another name holds now.
     pub fn reconcile(
         &mut self,
         listed: &[ListedContainer],
         now_ms: u64,
         grace_ms: u64,
-        grants_for: impl Fn(&ListedContainer) -> (Vec<Grant>, Origin),
+        uid_of: impl Fn(&PodRef) -> Option<PodUid>,
+        adopt: impl Fn(&ListedContainer) -> Result<Adoption, String>,
     ) -> Result<ReconcileReport, LedgerError> {
         let mut report = ReconcileReport::default();
         let mut known: BTreeSet<&str> = BTreeSet::new();
@@ -386,11 +535,22 @@ impl Ledger {
                 .find(|c| c.resource == a.resource && a.slots.iter().any(|s| c.slots.contains(s)));
             match holder {
                 Some(c) => {
-                    if a.pod.as_ref() != Some(&c.pod)
-                        || a.container.as_deref() != Some(&c.container)
-                    {
+                    let mut changed = false;
+                    if a.pod.as_ref() != Some(&c.pod) {
                         a.pod = Some(c.pod.clone());
+                        a.pod_uid = uid_of(&c.pod);
+                        changed = true;
+                    } else if a.pod_uid.is_none()
+                        && let Some(uid) = uid_of(&c.pod)
+                    {
+                        a.pod_uid = Some(uid);
+                        changed = true;
+                    }
+                    if a.container.as_deref() != Some(&c.container) {
                         a.container = Some(c.container.clone());
+                        changed = true;
+                    }
+                    if changed {
                         report.named.push(a.id);
                     }
                     kept.push(a);
@@ -408,17 +568,40 @@ impl Ledger {
             if c.slots.is_empty() || c.slots.iter().any(|s| known.contains(s.as_str())) {
                 continue;
             }
-            let (grants, origin) = grants_for(c);
-            adopted.push(Allocation {
-                id: 0,
-                resource: c.resource.clone(),
-                slots: c.slots.clone(),
-                grants,
-                pod: Some(c.pod.clone()),
-                container: Some(c.container.clone()),
-                origin,
-                at_unix_ms: now_ms,
-            });
+            match adopt(c) {
+                // The kubelet lists pods by name: slots a pod of this name holds while the
+                // pod the source lists under it already has this container allocated are an
+                // earlier pod's of the same name, not being torn down yet.
+                Ok(Adoption {
+                    pod_uid: Some(uid), ..
+                }) if self.has_container(&uid, &c.container)
+                    || adopted.iter().any(|a: &Allocation| {
+                        a.pod_uid.as_ref() == Some(&uid)
+                            && a.container.as_ref() == Some(&c.container)
+                    }) =>
+                {
+                    report.waiting.push(format!(
+                        "{}/{}: pod {uid} already holds this container's allocation; these slots are \
+                         an earlier pod's of the same name",
+                        c.pod, c.container
+                    ));
+                }
+                Ok(how) => adopted.push(Allocation {
+                    id: 0,
+                    resource: c.resource.clone(),
+                    slots: c.slots.clone(),
+                    grants: how.grants,
+                    pod: Some(c.pod.clone()),
+                    pod_uid: how.pod_uid,
+                    container: Some(c.container.clone()),
+                    isolation: how.isolation,
+                    origin: how.origin,
+                    at_unix_ms: now_ms,
+                }),
+                Err(reason) => report
+                    .waiting
+                    .push(format!("{}/{}: {reason}", c.pod, c.container)),
+            }
         }
         for mut a in adopted {
             self.file.next_id += 1;
@@ -426,7 +609,7 @@ impl Ledger {
             report.adopted.push(a.id);
             self.file.allocations.push(a);
         }
-        if report != ReconcileReport::default() {
+        if report.changed() {
             self.persist()?;
         }
         Ok(report)
@@ -448,7 +631,9 @@ mod tests {
                 compute_milli: milli,
             }],
             pod: None,
+            pod_uid: None,
             container: None,
+            isolation: Isolation::Watchdog,
             origin,
             at_unix_ms: at,
         }
@@ -463,6 +648,10 @@ mod tests {
         }
     }
 
+    fn uid_of(pod: &PodRef) -> Option<PodUid> {
+        Some(PodUid::new(format!("uid-{}", pod.name)))
+    }
+
     #[test]
     fn checkpoint_survives_reopen_and_usage_adds_up() {
         let dir = tempfile::tempdir().unwrap();
@@ -470,12 +659,15 @@ mod tests {
         ledger
             .insert(alloc(&["GPU-a-0"], "GPU-a", 500, Origin::Assigned, 1))
             .unwrap();
-        ledger
-            .insert(alloc(&["GPU-a-1"], "GPU-a", 250, Origin::Assigned, 1))
-            .unwrap();
+        let mut second = alloc(&["GPU-a-1"], "GPU-a", 250, Origin::Assigned, 1);
+        second.pod_uid = Some(PodUid::new("uid-b"));
+        second.isolation = Isolation::None;
+        ledger.insert(second.clone()).unwrap();
         ledger.flush();
         let ledger = Ledger::open(dir.path()).unwrap();
         assert_eq!(ledger.allocations().len(), 2);
+        assert_eq!(ledger.allocations()[1].pod_uid, second.pod_uid);
+        assert_eq!(ledger.allocations()[1].isolation, Isolation::None);
         let usage = ledger.usage("GPU-a");
         assert_eq!(
             (
@@ -489,13 +681,80 @@ mod tests {
     }
 
     #[test]
-    fn corrupt_checkpoint_is_a_clear_error() {
+    fn a_checkpoint_written_before_uids_and_isolation_loads_as_watchdog_without_uid() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join(CHECKPOINT_FILE), "{not json").unwrap();
-        let err = Ledger::open(dir.path()).unwrap_err().to_string();
-        assert!(
-            err.contains("is not valid") && err.contains("move it away"),
-            "{err}"
+        std::fs::write(
+            dir.path().join(CHECKPOINT_FILE),
+            r#"{"next_id":3,"allocations":[{"id":3,"resource":"nvidia.com/gpu","slots":["GPU-a-0"],
+               "grants":[{"uuid":"GPU-a","memory_mib":100,"compute_milli":250}],
+               "pod":{"namespace":"ml","name":"a"},"container":"main","origin":"assigned","at_unix_ms":1}]}"#,
+        )
+        .unwrap();
+        let mut ledger = Ledger::open(dir.path()).unwrap();
+        let a = &ledger.allocations()[0];
+        assert_eq!(
+            (a.pod_uid.clone(), a.isolation),
+            (None, Isolation::Watchdog)
+        );
+        // The kubelet shows ml/a holding the slot: the UID is learned then.
+        let report = ledger
+            .reconcile(
+                &[listed("ml", "a", &["GPU-a-0"])],
+                10,
+                0,
+                uid_of,
+                |_| unreachable!(),
+            )
+            .unwrap();
+        assert_eq!(report.named, vec![3]);
+        assert_eq!(ledger.allocations()[0].pod_uid, Some(PodUid::new("uid-a")));
+    }
+
+    #[test]
+    fn a_missing_empty_or_corrupt_checkpoint_is_moved_aside_and_the_ledger_starts_empty() {
+        for text in [
+            None,
+            Some(""),
+            Some("{not json"),
+            Some(r#"{"next_id":"x"}"#),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            if let Some(text) = text {
+                std::fs::write(dir.path().join(CHECKPOINT_FILE), text).unwrap();
+            }
+            let mut ledger = Ledger::open(dir.path()).unwrap();
+            assert!(ledger.allocations().is_empty(), "{text:?}");
+            let names: Vec<String> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            let aside = names
+                .iter()
+                .filter(|n| n.starts_with("ledger.json.corrupt-"))
+                .count();
+            assert_eq!(aside, usize::from(text.is_some()), "{text:?}: {names:?}");
+            // And it keeps working: the next checkpoint is a ledger again.
+            ledger
+                .insert(alloc(&["GPU-a-0"], "GPU-a", 500, Origin::Assigned, 1))
+                .unwrap();
+            ledger.flush();
+            drop(ledger);
+            assert_eq!(Ledger::open(dir.path()).unwrap().allocations().len(), 1);
+        }
+    }
+
+    #[test]
+    fn usage_saturates_instead_of_wrapping() {
+        let mut ledger = Ledger::in_memory();
+        for slot in ["GPU-a-0", "GPU-a-1"] {
+            let mut a = alloc(&[slot], "GPU-a", u32::MAX, Origin::Assigned, 0);
+            a.grants[0].memory_mib = u64::MAX;
+            ledger.insert(a).unwrap();
+        }
+        let usage = ledger.usage("GPU-a");
+        assert_eq!(
+            (usage.memory_mib, usage.compute_milli),
+            (u64::MAX, u32::MAX)
         );
     }
 
@@ -516,29 +775,41 @@ mod tests {
                 &[
                     listed("ml", "a", &["GPU-a-0"]),
                     listed("ml", "c", &["GPU-b-0"]),
+                    listed("ml", "unknown", &["GPU-b-1"]),
                 ],
                 10_000,
                 1_000,
+                uid_of,
                 |c| {
+                    if c.pod.name == "unknown" {
+                        return Err("not listed".into());
+                    }
                     assert_eq!(c.pod.name, "c");
-                    (
-                        vec![Grant {
+                    Ok(Adoption {
+                        pod_uid: uid_of(&c.pod),
+                        grants: vec![Grant {
                             uuid: "GPU-b".into(),
                             memory_mib: 100,
                             compute_milli: 1000,
                         }],
-                        Origin::Recovered,
-                    )
+                        origin: Origin::Recovered,
+                        isolation: Isolation::Watchdog,
+                    })
                 },
             )
             .unwrap();
         assert_eq!(report.named, vec![named]);
         assert_eq!(report.released, vec![gone]);
         assert_eq!(report.adopted.len(), 1);
+        assert_eq!(
+            report.waiting,
+            vec!["ml/unknown/main: not listed".to_owned()]
+        );
         let ids: Vec<u64> = ledger.allocations().iter().map(|a| a.id).collect();
         assert_eq!(ids, vec![named, young, report.adopted[0]]);
         assert!(ledger.usage("GPU-b").whole);
-        assert!(ledger.has_container(&PodRef::new("ml", "a"), "main"));
+        assert!(ledger.has_container(&PodUid::new("uid-a"), "main"));
+        assert!(!ledger.has_container(&PodUid::new("uid-unknown"), "main"));
         // A second pass with the same truth changes nothing.
         let again = ledger
             .reconcile(
@@ -548,10 +819,75 @@ mod tests {
                 ],
                 10_000,
                 1_000,
+                uid_of,
                 |_| unreachable!(),
             )
             .unwrap();
         assert_eq!(again, ReconcileReport::default());
+    }
+
+    #[test]
+    fn an_allocation_keeps_its_uid_while_a_pod_of_its_name_holds_its_slots() {
+        let mut ledger = Ledger::in_memory();
+        let mut a = alloc(&["GPU-a-0"], "GPU-a", 500, Origin::Assigned, 0);
+        a.pod = Some(PodRef::new("ml", "a"));
+        a.pod_uid = Some(PodUid::new("first"));
+        a.container = Some("main".into());
+        ledger.insert(a).unwrap();
+        // The source now lists another pod under that name: the slots say the holder is
+        // still the one allocated.
+        let report = ledger
+            .reconcile(
+                &[listed("ml", "a", &["GPU-a-0"])],
+                0,
+                0,
+                |_| Some(PodUid::new("second")),
+                |_| unreachable!(),
+            )
+            .unwrap();
+        assert!(!report.changed());
+        assert_eq!(ledger.allocations()[0].pod_uid, Some(PodUid::new("first")));
+        // Released by its own UID only.
+        assert!(
+            ledger
+                .release_pod(&PodUid::new("second"))
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(ledger.release_pod(&PodUid::new("first")).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn slots_of_an_earlier_pod_of_the_same_name_are_not_adopted_for_the_current_one() {
+        let mut ledger = Ledger::in_memory();
+        let mut current = alloc(&["GPU-a-1"], "GPU-a", 500, Origin::Assigned, 0);
+        current.pod = Some(PodRef::new("ml", "a"));
+        current.pod_uid = Some(PodUid::new("uid-a"));
+        current.container = Some("main".into());
+        ledger.insert(current).unwrap();
+        // The kubelet still lists the earlier ml/a (being torn down) holding another slot.
+        let report = ledger
+            .reconcile(
+                &[
+                    listed("ml", "a", &["GPU-a-1"]),
+                    listed("ml", "a", &["GPU-a-0"]),
+                ],
+                0,
+                0,
+                uid_of,
+                |c| {
+                    Ok(Adoption {
+                        pod_uid: uid_of(&c.pod),
+                        grants: vec![],
+                        origin: Origin::Assigned,
+                        isolation: Isolation::Watchdog,
+                    })
+                },
+            )
+            .unwrap();
+        assert!(report.adopted.is_empty(), "{report:?}");
+        assert_eq!(report.waiting.len(), 1);
+        assert_eq!(ledger.allocations().len(), 1);
     }
 
     #[test]

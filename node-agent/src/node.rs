@@ -179,13 +179,18 @@ impl Node {
             .collect()
     }
 
-    /// Frees the shares of `pod`, which left the node (deleted or finished).
-    pub fn release_departed(&self, pod: &crate::ledger::PodRef) {
-        let released = self.ledger.lock().release_pod(pod);
+    /// Frees the shares of the pod with UID `uid`, which left the node (deleted or
+    /// finished); a pod created again under its name keeps its own.
+    pub fn release_departed(&self, uid: &crate::ledger::PodUid) {
+        let released = self.ledger.lock().release_pod(uid);
         match released {
             Ok(gone) if !gone.is_empty() => {
                 self.bump();
-                tracing::info!(pod = %pod, released = gone.len(), "pod left; its GPU shares are free");
+                let pod = gone
+                    .iter()
+                    .find_map(|a| a.pod.as_ref().map(ToString::to_string));
+                tracing::info!(%uid, pod = pod.as_deref().unwrap_or("-"), released = gone.len(),
+                    "pod left; its GPU shares are free");
             }
             Ok(_) => {}
             Err(error) => tracing::warn!(%error, "releasing a departed pod's shares failed"),

@@ -3,26 +3,24 @@
 //! Shared by the coordinator's stream ([`crate::coordinator_pods`]) and the pod watch
 //! ([`crate::kube_assignments`]): the one reader of the `tessera.dev/assignment` and
 //! `tessera.dev/isolation` values on the agent, and the one definition of which pods an
-//! Allocate can be for (bound here, neither started nor terminating).
+//! Allocate can be for (bound here, neither started nor terminating). Pods are keyed by
+//! UID; the namespace and name index only serves the kubelet's pod-resources, which
+//! names pods.
 
 use std::collections::BTreeMap;
 
 use tessera_contract::{Assignment, Isolation, keys};
 
-use crate::assignments::{PendingContainer, PendingPod};
-use crate::ledger::PodRef;
+use crate::assignments::{ListedPod, PendingContainer, PendingPod};
+use crate::ledger::{PodRef, PodUid};
 
 /// One GPU pod bound to this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BoundPod {
-    /// The pod, its creation time and its GPU containers with their assigned GPUs.
+    /// The pod, its UID, creation time, isolation and GPU containers with their assigned GPUs.
     pub pending: PendingPod,
-    /// `metadata.uid`: how the pod's processes are recognised by their cgroups.
-    pub uid: Option<String>,
     /// The coordinator's assignment; `None` for pods another scheduler placed.
     pub assignment: Option<Assignment>,
-    /// `tessera.dev/isolation`; `None` when absent (the default, the watchdog).
-    pub isolation: Option<Isolation>,
     /// `deletionTimestamp` is set: it keeps its shares but gets no new ones.
     pub terminating: bool,
     /// Some container has started: every Allocate for the pod is over.
@@ -34,7 +32,7 @@ pub struct BoundPod {
 pub struct RawPod<'a> {
     /// Namespace and name.
     pub pod: PodRef,
-    /// `metadata.uid`, empty when unknown.
+    /// `metadata.uid`; a pod without one is refused.
     pub uid: &'a str,
     /// `metadata.creationTimestamp` in Unix milliseconds.
     pub created_unix_ms: u64,
@@ -51,15 +49,26 @@ pub struct RawPod<'a> {
     pub started: bool,
 }
 
+/// The most characters of a UID the agent accepts: API server UIDs are 36-character
+/// UUIDs; the bound keeps a forged one from costing more than a name.
+pub const MAX_UID_LEN: usize = 128;
+
 impl BoundPod {
     /// Validates `raw`; `Ok(None)` for a pod without GPU containers, `Err` naming the
-    /// annotation that cannot be read (such a pod gets nothing: no share can be derived,
-    /// and whole GPUs would contradict the coordinator).
+    /// field or annotation that cannot be read (such a pod gets nothing: no share can be
+    /// derived, and whole GPUs would contradict the coordinator).
     pub fn read(raw: RawPod<'_>) -> Result<Option<Self>, String> {
         let containers: Vec<(String, u32)> =
             raw.containers.into_iter().filter(|(_, n)| *n > 0).collect();
         if containers.is_empty() {
             return Ok(None);
+        }
+        if raw.uid.is_empty() || raw.uid.len() > MAX_UID_LEN {
+            return Err(format!(
+                "uid: {} characters; expected the pod's metadata.uid (1..={MAX_UID_LEN} characters), \
+                 by which the agent tells a pod from one created again under its name",
+                raw.uid.len()
+            ));
         }
         let assignment = raw
             .assignment
@@ -87,42 +96,72 @@ impl BoundPod {
             .collect();
         Ok(Some(Self {
             pending: PendingPod {
+                uid: PodUid::new(raw.uid),
                 pod: raw.pod,
                 created_unix_ms: raw.created_unix_ms,
+                isolation: isolation.unwrap_or_default(),
                 containers,
             },
-            uid: (!raw.uid.is_empty()).then(|| raw.uid.to_owned()),
             assignment,
-            isolation,
             terminating: raw.terminating,
             started: raw.started,
         }))
     }
+
+    /// The pod's UID.
+    pub fn uid(&self) -> &PodUid {
+        &self.pending.uid
+    }
 }
 
-/// The node's GPU pods by pod.
+/// The node's GPU pods by UID, with an index by namespace and name.
 #[derive(Debug, Default)]
 pub struct PodTable {
-    pods: BTreeMap<PodRef, BoundPod>,
+    pods: BTreeMap<PodUid, BoundPod>,
+    /// The newest pod under each name (an API server has one at a time; a list that
+    /// claims two gets the newest, the one the kubelet would be admitting).
+    names: BTreeMap<PodRef, PodUid>,
 }
 
 impl PodTable {
     /// Adds or replaces one pod.
     pub fn insert(&mut self, pod: BoundPod) {
-        self.pods.insert(pod.pending.pod.clone(), pod);
+        let uid = pod.uid().clone();
+        self.pods.insert(uid, pod);
+        self.reindex();
     }
 
     /// Drops one pod.
-    pub fn remove(&mut self, pod: &PodRef) {
-        self.pods.remove(pod);
+    pub fn remove(&mut self, uid: &PodUid) {
+        if self.pods.remove(uid).is_some() {
+            self.reindex();
+        }
     }
 
     /// Replaces the whole table.
     pub fn replace(&mut self, pods: impl IntoIterator<Item = BoundPod>) {
-        self.pods = pods
-            .into_iter()
-            .map(|p| (p.pending.pod.clone(), p))
-            .collect();
+        self.pods = pods.into_iter().map(|p| (p.uid().clone(), p)).collect();
+        self.reindex();
+    }
+
+    fn reindex(&mut self) {
+        self.names.clear();
+        for p in self.pods.values() {
+            let newer = match self
+                .names
+                .get(&p.pending.pod)
+                .and_then(|u| self.pods.get(u))
+            {
+                Some(other) => {
+                    (p.pending.created_unix_ms, p.uid())
+                        > (other.pending.created_unix_ms, other.uid())
+                }
+                None => true,
+            };
+            if newer {
+                self.names.insert(p.pending.pod.clone(), p.uid().clone());
+            }
+        }
     }
 
     /// The pods an Allocate can be for, oldest first (the kubelet admits in that order).
@@ -133,33 +172,28 @@ impl PodTable {
             .filter(|p| !p.started && !p.terminating)
             .map(|p| p.pending.clone())
             .collect();
-        pods.sort_by(|a, b| (a.created_unix_ms, &a.pod).cmp(&(b.created_unix_ms, &b.pod)));
+        pods.sort_by(|a, b| (a.created_unix_ms, &a.uid).cmp(&(b.created_unix_ms, &b.uid)));
         pods
     }
 
-    /// The pod, if bound here.
-    pub fn get(&self, pod: &PodRef) -> Option<&BoundPod> {
-        self.pods.get(pod)
+    /// The pod with UID `uid`, if bound here.
+    pub fn get(&self, uid: &PodUid) -> Option<&BoundPod> {
+        self.pods.get(uid)
     }
 
-    /// Every pod in the table.
-    pub fn keys(&self) -> impl Iterator<Item = &PodRef> {
+    /// Every pod's UID.
+    pub fn uids(&self) -> impl Iterator<Item = &PodUid> {
         self.pods.keys()
     }
 
-    /// The pod's assignment, if it is here and has one.
-    pub fn assignment_of(&self, pod: &PodRef) -> Option<Assignment> {
-        self.get(pod).and_then(|e| e.assignment.clone())
-    }
-
-    /// The pod's UID, if it is here and has one.
-    pub fn pod_uid(&self, pod: &PodRef) -> Option<String> {
-        self.get(pod).and_then(|e| e.uid.clone())
-    }
-
-    /// The pod's isolation annotation, if it is here and has one.
-    pub fn isolation(&self, pod: &PodRef) -> Option<Isolation> {
-        self.get(pod).and_then(|e| e.isolation)
+    /// The pod listed under `pod`'s namespace and name.
+    pub fn listed(&self, pod: &PodRef) -> Option<ListedPod> {
+        let p = self.pods.get(self.names.get(pod)?)?;
+        Some(ListedPod {
+            uid: p.uid().clone(),
+            assignment: p.assignment.clone(),
+            isolation: p.pending.isolation,
+        })
     }
 }
 
@@ -203,11 +237,12 @@ mod tests {
             p.pending.containers[1].gpus.as_ref().unwrap()[0].uuid,
             "GPU-a"
         );
-        assert_eq!(p.uid.as_deref(), Some("uid-1"));
+        assert_eq!(p.uid(), &PodUid::new("uid-1"));
+        assert_eq!(p.pending.isolation, Isolation::Watchdog);
     }
 
     #[test]
-    fn bad_annotations_name_themselves() {
+    fn bad_annotations_and_a_missing_uid_name_themselves() {
         let mut r = raw("a", 1);
         r.isolation = Some("fast");
         assert!(
@@ -222,6 +257,13 @@ mod tests {
                 .unwrap_err()
                 .starts_with("tessera.dev/assignment")
         );
+        let mut r = raw("a", 1);
+        r.uid = "";
+        assert!(
+            BoundPod::read(r)
+                .unwrap_err()
+                .starts_with("uid: 0 characters")
+        );
     }
 
     #[test]
@@ -233,7 +275,9 @@ mod tests {
             ("c", 0, true, false),
             ("d", 0, false, true),
         ] {
+            let uid = format!("uid-{name}");
             let mut r = raw(name, created);
+            r.uid = &uid;
             r.started = started;
             r.terminating = terminating;
             t.insert(BoundPod::read(r).unwrap().unwrap());
@@ -241,8 +285,32 @@ mod tests {
         let order: Vec<String> = t.pending().into_iter().map(|p| p.pod.name).collect();
         assert_eq!(order, ["a", "b"]);
         assert!(
-            t.get(&PodRef::new("ns", "d")).is_some(),
+            t.get(&PodUid::new("uid-d")).is_some(),
             "a terminating pod keeps its entry"
+        );
+    }
+
+    #[test]
+    fn a_name_listed_twice_is_the_newest_pod_and_each_uid_keeps_its_entry() {
+        let mut t = PodTable::default();
+        let mut old = raw("a", 1);
+        old.uid = "old";
+        old.terminating = true;
+        let mut new = raw("a", 2);
+        new.uid = "new";
+        t.replace([
+            BoundPod::read(old).unwrap().unwrap(),
+            BoundPod::read(new).unwrap().unwrap(),
+        ]);
+        assert_eq!(
+            t.listed(&PodRef::new("ns", "a")).unwrap().uid,
+            PodUid::new("new")
+        );
+        assert_eq!(t.uids().count(), 2);
+        t.remove(&PodUid::new("new"));
+        assert_eq!(
+            t.listed(&PodRef::new("ns", "a")).unwrap().uid,
+            PodUid::new("old")
         );
     }
 }

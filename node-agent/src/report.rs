@@ -101,7 +101,8 @@ fn health(healthy: bool) -> pb::Health {
 }
 
 /// Who holds what on every GPU, with live readings (per share: measured through
-/// `meter`, zero with an empty `pod_uid` when the pod's UID is unknown).
+/// `meter`, zero with an empty `pod_uid` when the pod's UID is unknown), and the pending
+/// pods, by UID, whose every GPU container the ledger holds.
 pub fn occupancy(node: &Node, meter: &PodMeter) -> pb::Occupancy {
     // Sampled and attributed before taking the ledger lock: reading cgroup files must
     // not hold up Allocate.
@@ -123,9 +124,9 @@ pub fn occupancy(node: &Node, meter: &PodMeter) -> pb::Occupancy {
         .filter(|p| {
             p.containers
                 .iter()
-                .all(|c| ledger.has_container(&p.pod, &c.name))
+                .all(|c| ledger.has_container(&p.uid, &c.name))
         })
-        .filter_map(|p| meter.pod_uid(Some(&p.pod)))
+        .map(|p| p.uid.as_str().to_owned())
         .collect();
     let gpus = node
         .devices()
@@ -144,16 +145,17 @@ pub fn occupancy(node: &Node, meter: &PodMeter) -> pb::Occupancy {
                         .map(move |g| (a, g))
                 })
                 .map(|(a, g)| {
-                    let uid = meter.pod_uid(a.pod.as_ref());
+                    let uid = a.pod_uid.as_ref().map(|u| u.as_str().to_owned());
                     let measured = uid
                         .as_ref()
                         .and_then(|u| usage.pods.get(u).copied())
                         .unwrap_or_default();
                     let enforcement = node.metrics.enforcement.state(uid.as_deref(), &g.uuid);
+                    // As recorded at Allocate, never as the pod's annotation says now.
                     let isolation = if mig.contains(&g.uuid.as_str()) {
                         pb::Isolation::Mig
                     } else {
-                        pb::Isolation::from(meter.isolation(a.pod.as_ref()))
+                        pb::Isolation::from(a.isolation)
                     };
                     // How this share is enforced, and its state.
                     let how = (enforcement, isolation);
@@ -544,12 +546,7 @@ async fn session(
                     }
                     Some(pb::coordinator_message::Body::NodePods(pods)) => {
                         if let Some(sink) = peer.pods {
-                            // Departed pods first: a pod arriving in the same snapshot may
-                            // have been placed on what they held.
-                            for gone in sink.gone_in(&pods) {
-                                node.release_departed(&gone);
-                            }
-                            sink.apply(&pods);
+                            sink.receive(node, &pods);
                             // Occupancy lists which of them are allocated; it may have changed.
                             send(msg(pb::agent_message::Body::Occupancy(occupancy(node, meter))))?;
                         }

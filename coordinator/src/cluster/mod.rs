@@ -11,6 +11,7 @@ pub mod binder;
 pub mod cache;
 pub mod events;
 pub mod gate;
+pub mod gpu_view;
 pub mod leader;
 pub mod node_labels;
 pub mod node_pods;
@@ -102,6 +103,8 @@ pub struct CoordinatorConfig {
     /// after the other, so a refused member stops its gang). kube-scheduler's default binding
     /// parallelism is 16 too.
     pub binds_in_flight: usize,
+    /// How often the leader writes each node's `GpuNode` view (`kubectl tessera gpus`).
+    pub gpu_view: gpu_view::GpuViewConfig,
     /// The agent registry to use; `None` = a fresh one. Tests pass their own to simulate
     /// agents without a gRPC stream.
     pub registry: Option<AgentRegistry>,
@@ -124,6 +127,7 @@ impl Default for CoordinatorConfig {
             bind_wait_timeout: Duration::from_secs(120),
             bind_call_timeout: Duration::from_secs(10),
             binds_in_flight: 16,
+            gpu_view: gpu_view::GpuViewConfig::default(),
             registry: None,
         }
     }
@@ -220,6 +224,15 @@ impl Coordinator {
             is_leader.clone(),
         );
         tasks.push(tokio::spawn(labeller.run(shutdown_rx.clone())));
+        tasks.push(tokio::spawn(gpu_view::run(
+            gate::gated(client.clone(), is_leader.clone()),
+            cache.clone(),
+            registry.clone(),
+            is_leader.clone(),
+            config.gpu_view.clone(),
+            config.agent_timeout,
+            shutdown_rx.clone(),
+        )));
         let node_pods = node_pods::Publisher::new(cache.clone(), registry.clone());
         tasks.push(tokio::spawn(node_pods.clone().run(shutdown_rx.clone())));
         let scheduler = scheduler::Scheduler::new(

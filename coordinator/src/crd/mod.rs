@@ -1,19 +1,20 @@
-//! Tessera's custom resources (`tessera.dev/v1alpha1`): `Queue`, `PodGroup` and `Topology`, their
-//! status types, validation, and the YAML the `crds` command prints.
+//! Tessera's custom resources (`tessera.dev/v1alpha1`): `Queue`, `PodGroup`, `Topology` and
+//! `GpuNode`, their validation, and the YAML the `crds` command prints. The types themselves
+//! are the contract's (`tessera_contract::crd`, shared with `kubectl tessera`), re-exported here
+//! under the paths the coordinator uses.
 //!
 //! Nothing here talks to the API server; the cluster layer reads and writes these types.
 
-pub mod condition;
-pub mod podgroup;
-pub mod quantity;
-pub mod queue;
-pub mod topology;
 pub mod validate;
+
+pub use tessera_contract::crd::{GROUP, VERSION, condition, gpunode, podgroup, queue, topology};
+pub use tessera_contract::quantity;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
 pub use condition::Condition;
+pub use gpunode::{AgentView, GpuNode, GpuNodeSpec, GpuNodeStatus, GpuView, ShareView};
 pub use podgroup::{GroupTopology, PodGroup, PodGroupSpec, PodGroupStatus};
 pub use quantity::{QuantityError, QuantityValue};
 pub use queue::{
@@ -21,11 +22,6 @@ pub use queue::{
     SelectorRequirement,
 };
 pub use topology::{Topology, TopologyLevel, TopologySpec, TopologyStatus};
-
-/// API group of every Tessera resource.
-pub const GROUP: &str = "tessera.dev";
-/// API version of every Tessera resource.
-pub const VERSION: &str = "v1alpha1";
 
 /// A CRD could not be rendered as YAML.
 #[derive(Debug, thiserror::Error)]
@@ -38,12 +34,13 @@ pub struct RenderError {
     pub source: serde_yaml_ng::Error,
 }
 
-/// The three CRDs with the file stem each is kept under in `deploy/crds/`.
+/// The CRDs with the file stem each is kept under in `deploy/crds/`.
 pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {
     vec![
         ("queues", Queue::crd()),
         ("podgroups", PodGroup::crd()),
         ("topologies", Topology::crd()),
+        ("gpunodes", GpuNode::crd()),
     ]
 }
 

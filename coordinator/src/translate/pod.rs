@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod as KubePod};
 
-use crate::crd::quantity::{self, Round};
 use tessera_core::model::{
     Assignment, GpuRequest, GpuShare, InputError, Isolation, Placement, Pod as ModelPod,
 };
@@ -16,6 +15,8 @@ use tessera_core::model::{
 use super::{constraints, requests};
 use tessera_contract::keys;
 use tessera_contract::pod::{bound_assignment, container_gpus, gpu_quantity};
+/// The share annotations' readers live in the contract, which `kubectl tessera why` shares.
+pub use tessera_contract::share::{parse_fraction, parse_gpu_memory};
 
 /// What pod translation needs besides the pod.
 #[derive(Clone, Debug, Default)]
@@ -524,35 +525,4 @@ fn gpu_request(
     // A fraction without `nvidia.com/gpu` (the KAI convention) shares one GPU.
     let count = count.max(1);
     (GpuRequest { count, per_gpu }, container)
-}
-
-/// A decimal in (0, 1] as milli-GPU; `None` when it is not one (or rounds to 0).
-pub fn parse_fraction(text: &str) -> Option<u32> {
-    let t = text.trim();
-    if t.is_empty() || !t.chars().all(|c| c.is_ascii_digit() || c == '.') {
-        return None;
-    }
-    let p = quantity::parse(t).ok()?;
-    let milli = p.milli(Round::Down)?;
-    // Keep the precision the accounting has (milli); a finer share would round to nothing.
-    (1..=1000).contains(&milli).then_some(milli as u32)
-}
-
-/// GPU memory in MiB from a quantity (`10Gi`, `4096Mi`) or a plain whole number of MiB.
-pub fn parse_gpu_memory(text: &str) -> Result<u64, &'static str> {
-    let t = text.trim();
-    let mib = if !t.is_empty() && t.chars().all(|c| c.is_ascii_digit()) {
-        t.parse::<u64>().map_err(|_| "is too large")?
-    } else {
-        let p = quantity::parse(t).map_err(|_| "is not a memory amount")?;
-        if p.is_negative() {
-            return Err("is negative");
-        }
-        let v = p.mib(Round::Up).ok_or("is too large")?;
-        u64::try_from(v).map_err(|_| "is negative")?
-    };
-    if mib == 0 {
-        return Err("is zero");
-    }
-    Ok(mib)
 }

@@ -20,7 +20,7 @@ fn crd_dir() -> PathBuf {
 #[test]
 fn deploy_crds_are_up_to_date() {
     let files = crd::files().expect("CRDs render");
-    assert_eq!(files.len(), 3);
+    assert_eq!(files.len(), 4);
     for (name, text) in files {
         let path = crd_dir().join(&name);
         let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
@@ -30,9 +30,9 @@ fn deploy_crds_are_up_to_date() {
             path.display()
         );
     }
-    // The printed stream is the three files, in order, as one multi-document YAML.
+    // The printed stream is the four files, in order, as one multi-document YAML.
     let all = crd::all_yaml().unwrap();
-    assert_eq!(all.matches("kind: CustomResourceDefinition").count(), 3);
+    assert_eq!(all.matches("kind: CustomResourceDefinition").count(), 4);
 }
 
 #[test]
@@ -81,7 +81,12 @@ async fn crds_are_accepted_by_the_real_apiextensions_server() {
     let server = Cluster::start(ClusterOptions::default());
     let client = server.admin().await;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for name in ["queues.yaml", "podgroups.yaml", "topologies.yaml"] {
+    for name in [
+        "queues.yaml",
+        "podgroups.yaml",
+        "topologies.yaml",
+        "gpunodes.yaml",
+    ] {
         let text = std::fs::read_to_string(crd_dir().join(name)).expect("CRD file exists");
         let obj: CustomResourceDefinition = serde_yaml_ng::from_str(&text).expect("CRD parses");
         crds.create(&PostParams::default(), &obj)
@@ -95,6 +100,7 @@ async fn crds_are_accepted_by_the_real_apiextensions_server() {
         "queues.tessera.dev",
         "podgroups.tessera.dev",
         "topologies.tessera.dev",
+        "gpunodes.tessera.dev",
     ] {
         loop {
             let crd = crds.get(name).await.expect("CRD exists");

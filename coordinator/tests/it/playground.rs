@@ -2,8 +2,10 @@
 //! (only its directory replaced by a temporary one), on the real kube-apiserver and
 //! controllers, kubelet-lite nodes and real `tessera-agent` and `tessera-coordinator`
 //! processes. The notebook and the 64-GPU training gang from `examples/` run, the notebook's
-//! share shows in `tessera-agent status`, a second gang waits with the core's reason, and
-//! `down` leaves no process behind.
+//! share shows in `tessera-agent status` and in `kubectl tessera gpus` (the plugin on the
+//! playground's PATH, through kubectl's plugin mechanism), `kubectl tessera queues` shows the
+//! example tree, a second gang waits with the core's reason, `kubectl tessera why` explains
+//! it node by node, and `down` leaves no process behind.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -73,11 +75,16 @@ fn the_readme_playground_steps_run_as_written() {
         .parent()
         .expect("the binary's directory")
         .to_owned();
-    assert!(
-        bins.join("tessera-agent").exists(),
-        "{} has no tessera-agent: build it first (cargo build -p tessera-agent; cargo test --workspace does)",
-        bins.display()
-    );
+    for (bin, package) in [
+        ("tessera-agent", "tessera-agent"),
+        ("kubectl-tessera", "kubectl-tessera"),
+    ] {
+        assert!(
+            bins.join(bin).exists(),
+            "{} has no {bin}: build it first (cargo build -p {package}; cargo test --workspace does)",
+            bins.display()
+        );
+    }
     let kube_peer = tessera_testcluster::kube_peer().unwrap_or_else(|e| panic!("{e}"));
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("pg");
@@ -152,6 +159,32 @@ fn the_readme_playground_steps_run_as_written() {
     // tessera-agent status: the notebook's quarter of one GPU.
     assert!(
         stdout.contains("default/notebook-alice [jupyter] share  25%"),
+        "{stdout}"
+    );
+    // kubectl tessera gpus: the notebook's quarter of an L40S (the block waits for that
+    // node's view; the others may lag it by a report).
+    assert!(
+        stdout.lines().any(|l| l.starts_with("l40s-0 ")
+            && l.contains("default/notebook-alice (jupyter)")
+            && l.contains(" 25% ")),
+        "{stdout}"
+    );
+    // kubectl tessera queues: the example tree.
+    let lines: Vec<&str> = stdout.lines().collect();
+    let research = lines
+        .iter()
+        .position(|l| l.starts_with("research "))
+        .unwrap_or_else(|| panic!("no research queue in:\n{stdout}"));
+    assert!(
+        lines[research + 1].starts_with("├─ team-a")
+            && lines[research + 2].starts_with("└─ team-b"),
+        "{stdout}"
+    );
+    // kubectl tessera why: the waiting gang member, node by node.
+    assert!(
+        stdout.contains("Pod default/llama-finetune-")
+            && stdout.contains("The coordinator says (Unschedulable")
+            && stdout.contains("fits once 8 more GPUs are free — held by default/llama-pretrain-"),
         "{stdout}"
     );
     // The waiting gang says why, in the core's words.

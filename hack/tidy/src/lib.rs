@@ -178,6 +178,30 @@ pub const RULES: &[Rule] = &[
         never: &["crate::cluster"],
         why: "the webhook depends on nothing in cluster/",
     },
+    Rule {
+        path: "kubectl-plugin/src",
+        never: &[
+            "kube::api::PostParams",
+            "kube::api::Patch",
+            "kube::api::PatchParams",
+            "kube::api::DeleteParams",
+            "PostParams",
+            "PatchParams",
+            "DeleteParams",
+        ],
+        why: "kubectl tessera reads through the API server and writes nothing",
+    },
+    Rule {
+        path: "kubectl-plugin/src/fit.rs",
+        never: &[
+            "kube::Api",
+            "kube::Client",
+            "kube::api",
+            "tokio",
+            "crate::client",
+        ],
+        why: "fit is pure: no API calls, so every verdict is table-tested",
+    },
 ];
 
 /// A path the code names, with its line.

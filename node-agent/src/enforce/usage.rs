@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use crate::assignments::AssignmentSource;
 use crate::gpu::GpuProcess;
-use crate::ledger::PodRef;
 
 /// Where process cgroups are read: `/proc` in the DaemonSet (host PID namespace).
 pub const DEFAULT_PROC_ROOT: &str = "/proc";
@@ -75,8 +74,8 @@ impl ProcessAttribution {
     }
 }
 
-/// Joins cgroup attribution (processes → pod UID) with the assignment source's
-/// knowledge of pod UIDs (ledger `namespace/name` → UID), for `status` and the report.
+/// Cgroup attribution (processes → pod UID) together with the pods the assignment source
+/// lists as pending, for `status` and the report; the UID of a share comes from the ledger.
 #[derive(Clone)]
 pub struct PodMeter {
     attribution: ProcessAttribution,
@@ -84,7 +83,7 @@ pub struct PodMeter {
 }
 
 impl PodMeter {
-    /// A meter reading cgroups through `attribution` and UIDs from `source`.
+    /// A meter reading cgroups through `attribution` and pending pods from `source`.
     pub fn new(attribution: ProcessAttribution, source: Arc<dyn AssignmentSource>) -> Self {
         Self {
             attribution,
@@ -100,24 +99,6 @@ impl PodMeter {
     /// The pods an Allocate can still be for (see [`AssignmentSource::pending`]).
     pub fn pending_pods(&self) -> Vec<crate::assignments::PendingPod> {
         self.source.pending()
-    }
-
-    /// The UID of `pod`, when the assignment source knows it.
-    pub fn pod_uid(&self, pod: Option<&PodRef>) -> Option<String> {
-        pod.and_then(|p| self.source.pod_uid(p))
-    }
-
-    /// How `pod`'s limits are enforced (the default, watchdog, when unknown).
-    pub fn isolation(&self, pod: Option<&PodRef>) -> tessera_contract::Isolation {
-        pod.and_then(|p| self.source.isolation(p))
-            .unwrap_or_default()
-    }
-
-    /// What `pod` uses according to `usage`: `None` when its UID is unknown (its
-    /// processes, if any, are then among the unknown ones); zero when it has none.
-    pub fn of(&self, usage: &GpuUsage, pod: Option<&PodRef>) -> Option<PodUsage> {
-        let uid = self.pod_uid(pod)?;
-        Some(usage.pods.get(&uid).copied().unwrap_or_default())
     }
 }
 

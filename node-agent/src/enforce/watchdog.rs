@@ -517,12 +517,11 @@ impl Drop for WatchdogHandle {
     }
 }
 
-/// Starts the watchdog over this node's GPUs with limits from its ledger and
-/// `source`, publishing on `node.metrics.enforcement`; `None` (logged) when its
-/// thread cannot start, so the agent keeps serving without enforcement.
+/// Starts the watchdog over this node's GPUs with the limits and isolation modes its
+/// ledger recorded at Allocate, publishing on `node.metrics.enforcement`; `None` (logged)
+/// when its thread cannot start, so the agent keeps serving without enforcement.
 pub fn start_for_node(
     node: &Arc<crate::node::Node>,
-    source: Arc<dyn crate::assignments::AssignmentSource>,
     proc_root: PathBuf,
     config: WatchdogConfig,
     events: Arc<dyn EventSink>,
@@ -547,7 +546,7 @@ pub fn start_for_node(
     let node = Arc::clone(node);
     let limits = move || {
         let ids: Vec<&str> = gpus.iter().map(String::as_str).collect();
-        super::limits::pod_limits(&node.ledger.lock(), source.as_ref(), &ids)
+        super::limits::pod_limits(&node.ledger.lock(), &ids)
     };
     match WatchdogHandle::spawn(watchdog, limits) {
         Ok(handle) => Some(handle),

@@ -12,10 +12,7 @@ impl GpuPlugin {
     /// How `plan`'s limits are set up: MIG for GPUs in MIG mode, MPS for assigned pods
     /// asking for it, nothing more otherwise.
     pub(super) fn mode_of(&self, plan: &Plan) -> Result<Mode, ProviderError> {
-        let who = || match (&plan.pod, &plan.container) {
-            (Some(p), Some(c)) => format!("{p}/{c}"),
-            _ => "a container without a pod".to_owned(),
-        };
+        let who = || plan.who();
         let on_mig: Vec<&str> = plan
             .grants
             .iter()
@@ -41,8 +38,9 @@ impl GpuPlugin {
             }
             return Ok(Mode::Mig);
         }
-        let isolation = match (&plan.pod, plan.origin) {
-            (Some(pod), Origin::Assigned) => self.source.isolation(pod).unwrap_or_default(),
+        // Whole GPUs need no MPS daemon: nobody shares them.
+        let isolation = match plan.origin {
+            Origin::Assigned => plan.isolation,
             _ => Isolation::Watchdog,
         };
         match isolation {
@@ -74,24 +72,17 @@ impl GpuPlugin {
         }
     }
 
-    /// Refuses an assignment that would overcommit a GPU or share a whole-held one.
+    /// Refuses an assignment that would overcommit a GPU or share a whole-held one. The
+    /// sums are checked: no value in an assignment or the checkpoint can wrap them around
+    /// to look as if they fit.
     pub(super) fn check_capacity(&self, plan: &Plan) -> Result<(), ProviderError> {
         if plan.origin != Origin::Assigned {
             return Ok(());
         }
         let ledger = self.node.ledger.lock();
         for g in &plan.grants {
-            let mut usage = crate::ledger::GpuUsage::default();
-            for a in ledger.allocations() {
-                if a.slots.iter().any(|s| plan.slots.contains(s)) {
-                    continue;
-                }
-                for held in a.grants.iter().filter(|h| h.uuid == g.uuid) {
-                    usage.memory_mib += held.memory_mib;
-                    usage.compute_milli += held.compute_milli;
-                    usage.whole |= a.is_whole();
-                }
-            }
+            // Holders of the very slots requested are gone (the kubelet re-issued them).
+            let usage = ledger.usage_except(&g.uuid, &plan.slots);
             let total = self.node.device(&g.uuid).map_or(0, |d| d.memory_total_mib);
             if usage.whole {
                 return Err(ProviderError::FailedPrecondition(format!(
@@ -99,9 +90,15 @@ impl GpuPlugin {
                     g.uuid
                 )));
             }
-            if usage.memory_mib + g.memory_mib > total
-                || usage.compute_milli + g.compute_milli > 1000
-            {
+            let memory_fits = usage
+                .memory_mib
+                .checked_add(g.memory_mib)
+                .is_some_and(|m| m <= total);
+            let compute_fits = usage
+                .compute_milli
+                .checked_add(g.compute_milli)
+                .is_some_and(|c| c <= 1000);
+            if !memory_fits || !compute_fits {
                 return Err(ProviderError::FailedPrecondition(format!(
                     "assignment would overcommit GPU {}: {} MiB + {} MiB of {} MiB, {} + {} of 1000 milli-GPU",
                     g.uuid,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tessera_device_plugin::{ProviderError, api};
 
 use super::*;
-use crate::ledger::{Grant, Origin, PodRef};
+use crate::ledger::{Grant, Origin, PodUid};
 use tessera_contract::GpuSlice;
 
 impl GpuPlugin {
@@ -18,39 +18,41 @@ impl GpuPlugin {
         r.clone()
     }
 
-    /// Pending assigned containers wanting `size` slots, oldest pod first, skipping
-    /// containers already in the ledger.
-    pub(super) fn assigned_candidates(&self, size: usize) -> Vec<Candidate> {
+    /// Pending containers wanting `size` slots, assigned ones (`assigned`) or those
+    /// without an assignment, oldest pod first, skipping containers already in the ledger.
+    fn candidates(&self, size: usize, assigned: bool) -> Vec<Candidate> {
         let ledger = self.node.ledger.lock();
         self.source
             .pending()
             .into_iter()
             .flat_map(|p| {
-                let pod = p.pod.clone();
+                let (uid, pod, isolation) = (p.uid, p.pod, p.isolation);
                 p.containers.into_iter().filter_map(move |c| {
-                    let gpus = c.gpus?;
-                    (c.slots as usize == size)
-                        .then(|| (pod.clone(), c.name, gpus, p.created_unix_ms))
+                    if c.slots as usize != size || c.gpus.is_some() != assigned {
+                        return None;
+                    }
+                    Some(Candidate {
+                        uid: uid.clone(),
+                        pod: pod.clone(),
+                        container: c.name,
+                        gpus: c.gpus.unwrap_or_default(),
+                        isolation,
+                    })
                 })
             })
-            .filter(|(pod, c, _, _)| !ledger.has_container(pod, c))
+            .filter(|c| !ledger.has_container(&c.uid, &c.container))
             .collect()
     }
 
+    /// Pending assigned containers wanting `size` slots, oldest pod first, skipping
+    /// containers already in the ledger.
+    pub(super) fn assigned_candidates(&self, size: usize) -> Vec<Candidate> {
+        self.candidates(size, true)
+    }
+
     /// Pending containers without an assignment wanting `size` slots, oldest first.
-    pub(super) fn unassigned_candidates(&self, size: usize) -> Vec<(PodRef, String)> {
-        let ledger = self.node.ledger.lock();
-        self.source
-            .pending()
-            .into_iter()
-            .flat_map(|p| {
-                let pod = p.pod.clone();
-                p.containers.into_iter().filter_map(move |c| {
-                    (c.gpus.is_none() && c.slots as usize == size).then(|| (pod.clone(), c.name))
-                })
-            })
-            .filter(|(pod, c)| !ledger.has_container(pod, c))
-            .collect()
+    pub(super) fn unassigned_candidates(&self, size: usize) -> Vec<Candidate> {
+        self.candidates(size, false)
     }
 
     /// Waits (bounded by [`WATCH_CATCH_UP`]) until some pending pod could own a request
@@ -126,19 +128,19 @@ impl GpuPlugin {
                 })
                 .cloned()
         };
-        for (pod, container, gpus, _) in self.assigned_candidates(size) {
-            let uuids: BTreeSet<String> = gpus.iter().map(|g| g.uuid.clone()).collect();
+        for c in self.assigned_candidates(size) {
+            let uuids: BTreeSet<String> = c.gpus.iter().map(|g| g.uuid.clone()).collect();
             if uuids.len() != size || !must_gpus.is_subset(&uuids) {
                 continue;
             }
-            let slots: Option<Vec<String>> = gpus.iter().map(|g| pick(&g.uuid)).collect();
+            let slots: Option<Vec<String>> = c.gpus.iter().map(|g| pick(&g.uuid)).collect();
             if let Some(slots) = slots {
                 let mut r = self.reservations.lock();
-                r.retain(|x| !(x.pod == pod && x.container == container));
+                r.retain(|x| !(x.uid == c.uid && x.container == c.container));
                 r.push(Reservation {
                     slots: slots.iter().cloned().collect(),
-                    pod,
-                    container,
+                    uid: c.uid,
+                    container: c.container,
                     at: Instant::now(),
                 });
                 return Ok(slots);
@@ -221,11 +223,7 @@ impl GpuPlugin {
         }
         let set: BTreeSet<String> = slots.iter().cloned().collect();
         let gpu_set: BTreeSet<&String> = gpus.iter().collect();
-        let taken = |pod: &PodRef, c: &str| {
-            planned
-                .iter()
-                .any(|p| p.pod.as_ref() == Some(pod) && p.container.as_deref() == Some(c))
-        };
+        let taken = |uid: &PodUid, c: &str| planned.iter().any(|p| p.is_for(uid, c));
         let candidates = self.assigned_candidates(slots.len());
         // 1. The pod this exact slot set was reserved for.
         let reserved = self
@@ -235,15 +233,18 @@ impl GpuPlugin {
             .and_then(|r| {
                 candidates
                     .iter()
-                    .find(|(p, c, _, _)| *p == r.pod && *c == r.container && !taken(p, c))
+                    .find(|c| {
+                        c.uid == r.uid && c.container == r.container && !taken(&c.uid, &c.container)
+                    })
                     .cloned()
             });
         // 2. The oldest pending pod assigned exactly these GPUs.
         let matched = reserved.or_else(|| {
             candidates
                 .iter()
-                .find(|(p, c, g, _)| {
-                    !taken(p, c) && g.iter().map(|s| &s.uuid).collect::<BTreeSet<_>>() == gpu_set
+                .find(|c| {
+                    !taken(&c.uid, &c.container)
+                        && c.gpus.iter().map(|s| &s.uuid).collect::<BTreeSet<_>>() == gpu_set
                 })
                 .cloned()
         });
@@ -251,11 +252,11 @@ impl GpuPlugin {
         //    chooses which of those reusable devices it hands on, so the GPUs can differ from
         //    the container's entry while staying within the pod's.
         let matched = matched.or_else(|| self.reusing(&candidates, &gpu_set, &taken));
-        if let Some((pod, container, assigned, _)) = matched {
+        if let Some(owner) = matched {
             // Grants in the order of the request's slots.
             let grants = gpus
                 .iter()
-                .filter_map(|u| assigned.iter().find(|g| &g.uuid == u))
+                .filter_map(|u| owner.gpus.iter().find(|g| &g.uuid == u))
                 .map(|g| Grant {
                     uuid: g.uuid.clone(),
                     memory_mib: g.memory_mib,
@@ -265,8 +266,8 @@ impl GpuPlugin {
             return Ok(Plan {
                 slots: slots.to_vec(),
                 grants,
-                pod: Some(pod),
-                container: Some(container),
+                isolation: owner.isolation,
+                owner: Some(owner),
                 origin: Origin::Assigned,
                 mode: Mode::Plain,
             });
@@ -274,9 +275,9 @@ impl GpuPlugin {
         if !self.whole_allowed(slots.len()) {
             let pending: Vec<String> = candidates
                 .iter()
-                .map(|(p, c, g, _)| {
-                    let u: Vec<&str> = g.iter().map(|s| s.uuid.as_str()).collect();
-                    format!("{p}/{c} -> [{}]", u.join(", "))
+                .map(|c| {
+                    let u: Vec<&str> = c.gpus.iter().map(|s| s.uuid.as_str()).collect();
+                    format!("{}/{} -> [{}]", c.pod, c.container, u.join(", "))
                 })
                 .collect();
             return Err(ProviderError::FailedPrecondition(format!(
@@ -296,7 +297,7 @@ impl GpuPlugin {
         let owner = self
             .unassigned_candidates(slots.len())
             .into_iter()
-            .find(|(p, c)| !taken(p, c));
+            .find(|c| !taken(&c.uid, &c.container));
         let ledger = self.node.ledger.lock();
         let mut grants = Vec::new();
         for uuid in &gpus {
@@ -330,12 +331,11 @@ impl GpuPlugin {
                 compute_milli: 1000,
             });
         }
-        let (pod, container) = owner.map_or((None, None), |(p, c)| (Some(p), Some(c)));
         Ok(Plan {
             slots: slots.to_vec(),
             grants,
-            pod,
-            container,
+            isolation: owner.as_ref().map_or(Isolation::Watchdog, |o| o.isolation),
+            owner,
             origin: Origin::Whole,
             mode: Mode::Plain,
         })
@@ -349,18 +349,19 @@ impl GpuPlugin {
         &self,
         candidates: &[Candidate],
         gpus: &BTreeSet<&String>,
-        taken: &dyn Fn(&PodRef, &str) -> bool,
+        taken: &dyn Fn(&PodUid, &str) -> bool,
     ) -> Option<Candidate> {
         let ledger = self.node.ledger.lock();
         candidates
             .iter()
-            .filter(|(p, c, _, _)| !taken(p, c))
-            .find_map(|(p, c, own, created)| {
+            .filter(|c| !taken(&c.uid, &c.container))
+            .find_map(|c| {
+                let own = &c.gpus;
                 let mut slices: Vec<GpuSlice> = own.clone();
                 let held = ledger
                     .allocations()
                     .iter()
-                    .filter(|a| a.pod.as_ref() == Some(p) && a.origin == Origin::Assigned)
+                    .filter(|a| a.pod_uid.as_ref() == Some(&c.uid) && a.origin == Origin::Assigned)
                     .flat_map(|a| a.grants.iter());
                 for g in held {
                     if !slices.iter().any(|x| x.uuid == g.uuid) {
@@ -372,8 +373,10 @@ impl GpuPlugin {
                     }
                 }
                 let covered = gpus.iter().all(|u| slices.iter().any(|s| &&s.uuid == u));
-                (covered && slices.len() > own.len())
-                    .then(|| (p.clone(), c.clone(), slices, *created))
+                (covered && slices.len() > own.len()).then(|| Candidate {
+                    gpus: slices,
+                    ..c.clone()
+                })
             })
     }
 }
@@ -386,6 +389,7 @@ mod tests {
     use crate::assignments::StaticAssignments;
     use crate::gpu::sim::SimBackend;
     use crate::ledger::Ledger;
+    use crate::ledger::PodRef;
     use crate::node::{NodeOptions, slot_id};
     use tessera_contract::{Assignment, ContainerAssignment};
 
@@ -417,9 +421,9 @@ mod tests {
     }
 
     fn pod_of(plan: &Plan) -> String {
-        plan.pod
+        plan.owner
             .as_ref()
-            .map(|p| p.name.clone())
+            .map(|o| o.pod.name.clone())
             .unwrap_or_default()
     }
 
@@ -471,7 +475,7 @@ mod tests {
         );
         p.reservations.lock().push(Reservation {
             slots: BTreeSet::from([slot_id(&g[2], 7)]),
-            pod: PodRef::new("ml", "b"),
+            uid: source.uid(&PodRef::new("ml", "b")).unwrap(),
             container: "main".into(),
             at: Instant::now(),
         });

@@ -8,6 +8,7 @@ use tessera_device_plugin::{DeviceProvider, DeviceWatch, ProviderError, api};
 use super::response::container_response;
 use crate::ledger::{Allocation, Grant, Origin, now_unix_ms};
 use crate::node::{Node, mig_resource, slot_id};
+use tessera_contract::Isolation;
 
 /// The `nvidia.com/mig-<profile>` provider for one profile.
 pub struct MigPlugin {
@@ -71,7 +72,10 @@ impl DeviceProvider for MigPlugin {
                         slots: req.devices_ids.clone(),
                         grants: grants.clone(),
                         pod: None,
+                        pod_uid: None,
                         container: None,
+                        // A MIG instance isolates in hardware.
+                        isolation: Isolation::Mig,
                         origin: Origin::Whole,
                         at_unix_ms: now_unix_ms(),
                     })

@@ -34,7 +34,7 @@ use crate::assignments::AssignmentSource;
 use crate::enforce::mig::{MigError, MigManager};
 use crate::enforce::mps::{self, MpsManager, MpsPaths};
 use crate::gpu::MigInstance;
-use crate::ledger::{Grant, Origin, PodRef};
+use crate::ledger::{Grant, Origin, PodRef, PodUid};
 use crate::node::Node;
 use tessera_contract::GpuSlice;
 use tessera_contract::Isolation;
@@ -67,7 +67,7 @@ const RESERVATION_TTL: Duration = Duration::from_secs(60);
 #[derive(Debug, Clone)]
 struct Reservation {
     slots: BTreeSet<String>,
-    pod: PodRef,
+    uid: PodUid,
     container: String,
     at: Instant,
 }
@@ -85,8 +85,20 @@ pub struct GpuPlugin {
     unconfirmed: Mutex<BTreeSet<u64>>,
 }
 
-/// A pending assigned container: its pod, name, assigned GPUs and the pod's creation time.
-type Candidate = (PodRef, String, Vec<GpuSlice>, u64);
+/// A pending container an Allocate can be for.
+#[derive(Debug, Clone)]
+struct Candidate {
+    /// Its pod's UID, what it is recorded under.
+    uid: PodUid,
+    /// Its pod's namespace and name, for messages.
+    pod: PodRef,
+    /// The container's name.
+    container: String,
+    /// Its assigned GPUs (empty for a pod without an assignment).
+    gpus: Vec<GpuSlice>,
+    /// The pod's `tessera.dev/isolation` when the request came.
+    isolation: Isolation,
+}
 
 /// How a container's limits are set up at Allocate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,10 +125,28 @@ enum Prepared {
 struct Plan {
     slots: Vec<String>,
     grants: Vec<Grant>,
-    pod: Option<PodRef>,
-    container: Option<String>,
+    /// Its pod and container; `None` for whole GPUs without a pod (no cluster).
+    owner: Option<Candidate>,
     origin: Origin,
     mode: Mode,
+    /// The isolation recorded with the allocation: what `mode` enforces, fixed from then on.
+    isolation: Isolation,
+}
+
+impl Plan {
+    /// `ns/name/container`, or a placeholder for whole GPUs without a pod.
+    fn who(&self) -> String {
+        match &self.owner {
+            Some(o) => format!("{}/{}", o.pod, o.container),
+            None => "a container without a pod".to_owned(),
+        }
+    }
+
+    fn is_for(&self, uid: &PodUid, container: &str) -> bool {
+        self.owner
+            .as_ref()
+            .is_some_and(|o| o.uid == *uid && o.container == container)
+    }
 }
 
 impl GpuPlugin {
@@ -222,8 +252,22 @@ impl GpuPlugin {
             let mut plan = self.plan(&req.devices_ids, &plans)?;
             self.check_capacity(&plan)?;
             plan.mode = self.mode_of(&plan)?;
+            plan.isolation = recorded_isolation(plan.mode, plan.isolation);
             plans.push(plan);
         }
         Ok(plans)
+    }
+}
+
+/// The isolation an allocation is recorded with: what its mode enforces. `requested` is the
+/// pod's `tessera.dev/isolation` when it was allocated; a plain allocation is watched by the
+/// watchdog unless the pod asked for no enforcement (a pod asking for MIG on a GPU not in MIG
+/// mode is watched instead, as the warning at Allocate says).
+fn recorded_isolation(mode: Mode, requested: Isolation) -> Isolation {
+    match mode {
+        Mode::Mps => Isolation::Mps,
+        Mode::Mig => Isolation::Mig,
+        Mode::Plain if requested == Isolation::None => Isolation::None,
+        Mode::Plain => Isolation::Watchdog,
     }
 }

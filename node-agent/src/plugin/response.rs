@@ -65,7 +65,7 @@ impl GpuPlugin {
                     .remove_holding(&plan.slots)
                     .map_err(|e| ProviderError::Internal(e.to_string()))?
                 {
-                    tracing::info!(id = old.id, pod = ?old.pod, "slots handed out again; previous holder released");
+                    tracing::info!(id = old.id, pod = ?old.pod, uid = ?old.pod_uid, "slots handed out again; previous holder released");
                 }
                 let id = ledger
                     .insert(Allocation {
@@ -73,8 +73,10 @@ impl GpuPlugin {
                         resource: GPU_RESOURCE.to_owned(),
                         slots: plan.slots.clone(),
                         grants: plan.grants.clone(),
-                        pod: plan.pod.clone(),
-                        container: plan.container.clone(),
+                        pod: plan.owner.as_ref().map(|o| o.pod.clone()),
+                        pod_uid: plan.owner.as_ref().map(|o| o.uid.clone()),
+                        container: plan.owner.as_ref().map(|o| o.container.clone()),
+                        isolation: plan.isolation,
                         origin: plan.origin,
                         at_unix_ms: now_unix_ms(),
                     })
@@ -103,9 +105,10 @@ impl GpuPlugin {
         }
         let mut reservations = self.reservations.lock();
         for plan in plans {
-            if let (Some(pod), Some(container)) = (&plan.pod, &plan.container) {
-                reservations.retain(|r| !(r.pod == *pod && r.container == *container));
-                tracing::info!(pod = %pod, container, slots = ?plan.slots, origin = ?plan.origin, "allocated");
+            if let Some(o) = &plan.owner {
+                reservations.retain(|r| !(r.uid == o.uid && r.container == o.container));
+                tracing::info!(pod = %o.pod, uid = %o.uid, container = o.container, slots = ?plan.slots,
+                    origin = ?plan.origin, isolation = %plan.isolation, "allocated");
             } else {
                 tracing::info!(slots = ?plan.slots, "allocated whole GPUs");
             }

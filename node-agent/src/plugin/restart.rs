@@ -1,23 +1,23 @@
 //! After a kubelet restart: allocations the new kubelet may not know are unconfirmed until
 //! its pod-resources API says whether it kept them.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::*;
-use crate::ledger::{Origin, PodRef};
+use crate::ledger::{Origin, PodRef, PodUid};
 use tessera_contract::keys::GPU_RESOURCE;
 
 impl GpuPlugin {
     /// Marks the ledger's allocations for pods that have not started as unconfirmed: the
     /// kubelet about to register may not know them.
     pub(super) fn mark_unconfirmed(&self) {
-        let pending: BTreeSet<PodRef> = self.source.pending().into_iter().map(|p| p.pod).collect();
+        let pending: BTreeSet<PodUid> = self.source.pending().into_iter().map(|p| p.uid).collect();
         let ledger = self.node.ledger.lock();
         let ids: BTreeSet<u64> = ledger
             .allocations()
             .iter()
             .filter(|a| a.resource == GPU_RESOURCE && a.origin == Origin::Assigned)
-            .filter(|a| a.pod.as_ref().is_some_and(|p| pending.contains(p)))
+            .filter(|a| a.pod_uid.as_ref().is_some_and(|p| pending.contains(p)))
             .map(|a| a.id)
             .collect();
         drop(ledger);
@@ -43,7 +43,13 @@ impl GpuPlugin {
                 return;
             }
         };
-        let pending: BTreeSet<PodRef> = self.source.pending().into_iter().map(|p| p.pod).collect();
+        // Pod-resources names pods: a pending pod is found there by its name.
+        let pending: BTreeMap<PodUid, PodRef> = self
+            .source
+            .pending()
+            .into_iter()
+            .map(|p| (p.uid, p.pod))
+            .collect();
         let mut unconfirmed = self.unconfirmed.lock();
         let mut ledger = self.node.ledger.lock();
         let mut lost = Vec::new();
@@ -51,12 +57,12 @@ impl GpuPlugin {
             let Some(a) = ledger.allocations().iter().find(|a| a.id == *id) else {
                 return false;
             };
-            let (Some(pod), Some(container)) = (&a.pod, &a.container) else {
+            let (Some(uid), Some(container)) = (&a.pod_uid, &a.container) else {
                 return false;
             };
-            if !pending.contains(pod) {
+            let Some(pod) = pending.get(uid) else {
                 return false;
-            }
+            };
             match listed.iter().find(|(p, c, _)| p == pod && c == container) {
                 Some((_, _, true)) => false,
                 Some((_, _, false)) => {

@@ -4,54 +4,13 @@
 use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{WAIT, refs, shape};
+use common::{AgentProcess, BIN, WAIT, refs, shape};
 use tessera_agent::gpu::short_uuid;
 use tessera_agent::gpu::sim::SimBackend;
 use tessera_device_plugin::testing::FakeKubelet;
-
-const BIN: &str = env!("CARGO_BIN_EXE_tessera-agent");
-
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// `tessera-agent run` on the simulated machine `file`, its sockets and state under `dir`,
-/// reporting to `coordinator` (`none`: no coordinator).
-fn agent_command(dir: &Path, file: &str, coordinator: &str) -> Command {
-    let mut command = Command::new(BIN);
-    command
-        .args(["run", "--node-name", "node-a", "--no-kube"])
-        .args(["--coordinator", coordinator])
-        .arg("--gpu-backend")
-        .arg(format!("sim:{}", shape(file).display()))
-        .arg("--device-plugin-dir")
-        .arg(dir.join("dp"))
-        .arg("--pod-resources-socket")
-        .arg(dir.join("pr.sock"))
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .arg("--admin-socket")
-        .arg(dir.join("admin.sock"));
-    command
-}
-
-fn run_agent(dir: &Path, file: &str) -> Running {
-    let child = agent_command(dir, file, "none")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    Running(child)
-}
 
 fn cli(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(BIN).args(args).output().unwrap();
@@ -67,7 +26,7 @@ async fn run_then_status_and_topology_over_the_admin_socket() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("dp")).unwrap();
     let kubelet = FakeKubelet::start(&dir.path().join("dp")).await.unwrap();
-    let _agent = run_agent(dir.path(), "l40s-4x-pcie.yaml");
+    let _agent = AgentProcess::spawn(dir.path(), "l40s-4x-pcie.yaml", None);
     let plugin = kubelet
         .wait_for_plugin("nvidia.com/gpu", WAIT)
         .await
@@ -292,15 +251,13 @@ async fn a_log_file_has_no_colour_codes_and_json_lines_parse() {
         let run = dir.path().join(format);
         std::fs::create_dir_all(run.join("dp")).unwrap();
         let log = run.join("agent.log");
-        let child = agent_command(&run, "l40s-4x-pcie.yaml", &closed.to_string())
+        let mut command = AgentProcess::command(&run, "l40s-4x-pcie.yaml", &closed.to_string());
+        command
             .args(["--coordinator-token-file", "none", "--log-format", format])
             .env("RUST_LOG", "info")
             .env_remove("NO_COLOR")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let agent = Running(child);
+            .stderr(std::fs::File::create(&log).unwrap());
+        let agent = AgentProcess::start(command);
         let deadline = std::time::Instant::now() + WAIT * 4;
         let logged = loop {
             let logged = std::fs::read_to_string(&log).unwrap_or_default();

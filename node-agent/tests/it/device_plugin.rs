@@ -165,6 +165,7 @@ async fn two_pending_pods_with_different_fractions_get_exactly_their_assignment(
     assert_eq!(env_b["TESSERA_GPU_COMPUTE_PERCENT"], "25");
     {
         let ledger = h.agent().node().ledger.lock();
+        let (a, b) = (source.uid(&a).unwrap(), source.uid(&b).unwrap());
         assert!(ledger.has_container(&a, "main") && ledger.has_container(&b, "main"));
     }
 

@@ -5,6 +5,7 @@
 
 mod common;
 
+mod admin_socket;
 mod cli;
 mod device_plugin;
 mod kube;

@@ -10,7 +10,8 @@ use common::{Harness, refs, share};
 use tessera_agent::admin::{self, Response};
 use tessera_agent::assignments::StaticAssignments;
 use tessera_agent::enforce::usage::{PodMeter, ProcessAttribution};
-use tessera_agent::ledger::PodRef;
+use tessera_agent::ledger::{Allocation, Grant, Origin, PodRef};
+use tessera_contract::Isolation;
 
 const UID_A: &str = "6a1f0c2e-8b3d-4c5e-9f70-1a2b3c4d5e6f";
 const UID_STRANGER: &str = "11111111-2222-4333-8444-555555555555";
@@ -26,7 +27,6 @@ async fn status_and_report_show_measured_memory_per_pod() {
     source.bind(a.clone(), 1, &[("main", 1)], Some(share(&g0, 20480, 500)));
     source.bind(b.clone(), 2, &[("main", 1)], Some(share(&g0, 10240, 250)));
     source.set_uid(a.clone(), UID_A);
-    // Pod b's UID stays unknown: its row must say so, not zero.
     let all = h.available(&plugin).await;
     let slot_a = plugin
         .preferred_allocation(&refs(&all), &[], 1)
@@ -39,6 +39,29 @@ async fn status_and_report_show_measured_memory_per_pod() {
         .await
         .unwrap();
     plugin.allocate_one(&refs(&slot_b)).await.unwrap();
+    // An allocation from a checkpoint written before UIDs were recorded, its pod not yet
+    // seen holding it: its row must say its usage is unknown, not zero.
+    h.agent()
+        .node()
+        .ledger
+        .lock()
+        .insert(Allocation {
+            id: 0,
+            resource: "nvidia.com/gpu".into(),
+            slots: vec![format!("{g0}-9")],
+            grants: vec![Grant {
+                uuid: g0.clone(),
+                memory_mib: 1024,
+                compute_milli: 100,
+            }],
+            pod: Some(PodRef::new("ml", "old")),
+            pod_uid: None,
+            container: Some("main".into()),
+            isolation: Isolation::Watchdog,
+            origin: Origin::Assigned,
+            at_unix_ms: 0,
+        })
+        .unwrap();
 
     // Two processes of pod a, one of a pod holding no share, one host process.
     let container = "c".repeat(64);
@@ -65,8 +88,11 @@ async fn status_and_report_show_measured_memory_per_pod() {
     assert_eq!(row("a").memory_used_mib, Some(4000));
     assert_eq!(row("a").utilization_percent, Some(35));
     assert_eq!(row("a").enforcement, "none");
-    assert_eq!(row("b").memory_used_mib, None);
-    assert_eq!(row("b").utilization_percent, None);
+    assert_eq!(row("b").pod_uid.as_deref(), Some("uid-ml-b"));
+    assert_eq!(row("b").memory_used_mib, Some(0));
+    assert_eq!(row("old").pod_uid, None);
+    assert_eq!(row("old").memory_used_mib, None);
+    assert_eq!(row("old").utilization_percent, None);
     assert_eq!((gpu.unknown_processes, gpu.unknown_memory_mib), (2, 1000));
 
     let text = admin::render_status(&report);
@@ -122,9 +148,9 @@ async fn status_and_report_show_measured_memory_per_pod() {
         ),
         (4000, 35)
     );
-    let share_b = shares.iter().find(|s| s.pod_name == "b").unwrap();
+    let share_old = shares.iter().find(|s| s.pod_name == "old").unwrap();
     assert_eq!(
-        (share_b.pod_uid.as_str(), share_b.measured_memory_mib),
+        (share_old.pod_uid.as_str(), share_old.measured_memory_mib),
         ("", 0)
     );
 }

@@ -6,9 +6,12 @@ use std::sync::Arc;
 
 use common::{Harness, WAIT, gpu_of, refs, share};
 use tessera_agent::assignments::StaticAssignments;
-use tessera_agent::ledger::{CHECKPOINT_FILE, Origin, PodRef};
+use tessera_agent::coordinator_pods::CoordinatorPods;
+use tessera_agent::ledger::{CHECKPOINT_FILE, Origin, PodRef, PodUid};
 use tessera_agent::reconcile::reconcile_once;
 use tessera_device_plugin::testing::pod_with_devices;
+use tessera_proto::tessera::v1 as pb;
+use tessera_testcluster::until;
 use tonic::Code;
 
 /// Binds pods a (half of GPU 0) and b (a quarter of GPU 0) and lets the kubelet
@@ -119,11 +122,27 @@ async fn lost_checkpoint_is_rebuilt_from_pod_resources_without_double_booking() 
         pod_with_devices("other", "x", "main", "nvidia.com/gpu", &[&g4_slot]),
     ]);
     let source = source_with_assignments(&h);
+    // Pod x is another scheduler's (listed without an assignment); a pod the source does not
+    // list (finished or deleted, the kubelet not done with it yet) holds a slot of GPU 5.
+    source.bind(PodRef::new("other", "x"), 0, &[("main", 1)], None);
+    source.set_started(&PodRef::new("other", "x"));
+    let g5_slot = format!("{}-0", h.uuid(5));
+    h.pod_resources.set_pods(vec![
+        pod_with_devices("ml", "a", "main", "nvidia.com/gpu", &[&a]),
+        pod_with_devices("ml", "b", "main", "nvidia.com/gpu", &[&b]),
+        pod_with_devices("other", "x", "main", "nvidia.com/gpu", &[&g4_slot]),
+        pod_with_devices("gone", "y", "main", "nvidia.com/gpu", &[&g5_slot]),
+    ]);
     h.start_agent(source.clone()).await;
     {
         let ledger = h.agent().node().ledger.lock();
         let allocations = ledger.allocations();
-        assert_eq!(allocations.len(), 3);
+        assert_eq!(
+            allocations.len(),
+            3,
+            "a, b at their shares and x whole; the unlisted pod is not adopted: {allocations:#?}"
+        );
+        assert_eq!(ledger.usage(&h.uuid(5)).holders, 0);
         let a_alloc = allocations
             .iter()
             .find(|x| x.pod == Some(PodRef::new("ml", "a")))
@@ -276,4 +295,144 @@ async fn a_restarted_kubelet_that_kept_an_allocation_is_not_asked_about_it() {
     )]);
     assert_eq!(next_one_slot_limit(&h).await, "10240");
     assert_eq!(h.agent().node().ledger.lock().allocations().len(), 2);
+}
+
+/// Pod `name` (UID `uid`, container `main`, one slot) as the coordinator streams it, with
+/// `milli` of GPU `gpu` and `mib` of its memory.
+fn streamed(name: &str, uid: &str, created: i64, gpu: &str, mib: u64, milli: u32) -> pb::BoundPod {
+    pb::BoundPod {
+        uid: uid.into(),
+        namespace: "ml".into(),
+        name: name.into(),
+        created_unix_ms: created,
+        containers: vec![pb::BoundContainer {
+            name: "main".into(),
+            gpus: 1,
+        }],
+        assignment: share(gpu, mib, milli).to_json(),
+        ..pb::BoundPod::default()
+    }
+}
+
+fn started(mut pod: pb::BoundPod) -> pb::BoundPod {
+    pod.started = true;
+    pod
+}
+
+#[tokio::test]
+async fn a_lost_checkpoint_is_adopted_at_the_assigned_shares_once_the_coordinators_list_is_in() {
+    let source = Arc::new(StaticAssignments::new());
+    let mut h = Harness::start("a100-8x-mig.yaml", source.clone()).await;
+    let (a, b) = allocate_two(&h, &source).await;
+    h.pod_resources.set_pods(vec![
+        pod_with_devices("ml", "a", "main", "nvidia.com/gpu", &[&a]),
+        pod_with_devices("ml", "b", "main", "nvidia.com/gpu", &[&b]),
+    ]);
+    let checkpoint = h.dir.path().join("state").join(CHECKPOINT_FILE);
+    h.agent().node().ledger.lock().flush();
+    for damage in ["lost", "corrupt"] {
+        // The agent dies and its checkpoint is lost or damaged; the kubelet still runs a and b.
+        let pods = Arc::new(CoordinatorPods::new());
+        h.restart_agent_with(pods.clone(), |config, _| {
+            match damage {
+                "lost" => std::fs::remove_file(&checkpoint).unwrap(),
+                _ => std::fs::write(&checkpoint, "{\"next_id\": 7, \"allocations\": [{\"id\"")
+                    .unwrap(),
+            }
+            config.node_pods = Some(pods.clone());
+        })
+        .await;
+        // Nothing is adopted before the coordinator's list: a and b would be taken whole.
+        assert!(
+            h.agent().node().ledger.lock().allocations().is_empty(),
+            "{damage}: adopted before the coordinator's list arrived"
+        );
+        // The list: a and b run with their shares of GPU 0; c is bound there for a quarter.
+        let g0 = h.uuid(0);
+        pods.receive(
+            h.agent().node(),
+            &pb::NodePods {
+                pods: vec![
+                    started(streamed("a", "uid-ml-a", 1, &g0, 20480, 500)),
+                    started(streamed("b", "uid-ml-b", 2, &g0, 10240, 250)),
+                    streamed("c", &format!("uid-c-{damage}"), 3, &g0, 10240, 250),
+                ],
+            },
+        );
+        until(&format!("{damage}: a and b adopted"), || {
+            h.agent().node().ledger.lock().allocations().len() == 2
+        })
+        .await;
+        {
+            let ledger = h.agent().node().ledger.lock();
+            for (name, milli, mib) in [("a", 500, 20480), ("b", 250, 10240)] {
+                let held = ledger
+                    .allocations()
+                    .iter()
+                    .find(|x| x.pod_uid == Some(PodUid::new(format!("uid-ml-{name}"))))
+                    .unwrap_or_else(|| panic!("{damage}: {name} not adopted"));
+                assert_eq!(held.origin, Origin::Assigned, "{damage}: {name}");
+                assert_eq!(
+                    (held.grants[0].compute_milli, held.grants[0].memory_mib),
+                    (milli, mib),
+                    "{damage}: {name} is held at its share"
+                );
+            }
+        }
+        // And c, assigned to the same GPU, is admitted at its share.
+        assert_eq!(next_one_slot_limit(&h).await, "10240", "{damage}");
+        if damage == "corrupt" {
+            let aside = std::fs::read_dir(h.dir.path().join("state"))
+                .unwrap()
+                .filter_map(|e| e.ok())
+                .filter(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with("ledger.json.corrupt-")
+                })
+                .count();
+            assert_eq!(aside, 1, "the corrupt checkpoint was moved aside");
+        }
+        // c ends before the next round.
+        let c = PodUid::new(format!("uid-c-{damage}"));
+        h.agent().node().release_departed(&c);
+        h.agent().node().ledger.lock().flush();
+    }
+}
+
+#[tokio::test]
+async fn a_pod_created_again_under_its_name_gets_its_own_allocation() {
+    let pods = Arc::new(CoordinatorPods::new());
+    let mut h = Harness::start("a100-8x-mig.yaml", Arc::new(StaticAssignments::new())).await;
+    h.restart_agent_with(pods.clone(), |config, _| {
+        config.node_pods = Some(pods.clone())
+    })
+    .await;
+    let g0 = h.uuid(0);
+    let node = || h.agent().node();
+    let first = streamed("a", "uid-first", 1, &g0, 20480, 500);
+    pods.receive(node(), &pb::NodePods { pods: vec![first] });
+    assert_eq!(next_one_slot_limit(&h).await, "20480");
+    assert!(
+        node()
+            .ledger
+            .lock()
+            .has_container(&PodUid::new("uid-first"), "main")
+    );
+    // Deleted and created again under its name (a StatefulSet, or two lists the agent saw
+    // back to back): the next list has the new UID only.
+    let second = streamed("a", "uid-second", 5, &g0, 20480, 500);
+    pods.receive(node(), &pb::NodePods { pods: vec![second] });
+    assert!(
+        node().ledger.lock().allocations().is_empty(),
+        "the first pod departed by its UID"
+    );
+    assert_eq!(next_one_slot_limit(&h).await, "20480");
+    let ledger = node().ledger.lock();
+    let uids: Vec<Option<PodUid>> = ledger
+        .allocations()
+        .iter()
+        .map(|a| a.pod_uid.clone())
+        .collect();
+    assert_eq!(uids, [Some(PodUid::new("uid-second"))]);
 }

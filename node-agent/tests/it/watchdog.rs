@@ -7,7 +7,7 @@ use crate::common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Harness, refs, share};
+use common::{Harness, proc_stat, refs, share};
 use tessera_agent::admin::{self, Response, StatusReport};
 use tessera_agent::agent::Agent;
 use tessera_agent::assignments::StaticAssignments;
@@ -63,20 +63,6 @@ impl Drop for Child {
     }
 }
 
-/// `(state, utime + stime in clock ticks)` from the real `/proc/<pid>/stat`.
-fn proc_stat(pid: u32) -> (char, u64) {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .unwrap()
-        .1
-        .split_whitespace()
-        .collect();
-    let state = fields[0].chars().next().unwrap();
-    let ticks = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    (state, ticks)
-}
-
 /// An agent with the watchdog on, and a way to give pods shares of GPUs.
 struct Node {
     h: Harness,
@@ -119,6 +105,24 @@ impl Node {
         memory_mib: u64,
         compute_milli: u32,
     ) -> String {
+        self.admit_as(
+            name,
+            uid,
+            (gpu, memory_mib, compute_milli),
+            Isolation::Watchdog,
+        )
+        .await
+    }
+
+    /// [`Node::admit`] for a pod whose `tessera.dev/isolation` says `isolation` when it is
+    /// allocated.
+    async fn admit_as(
+        &mut self,
+        name: &str,
+        uid: &str,
+        (gpu, memory_mib, compute_milli): (u32, u64, u32),
+        isolation: Isolation,
+    ) -> String {
         let pod = PodRef::new("ml", name);
         let uuid = self.h.uuid(gpu);
         self.created += 1;
@@ -128,7 +132,8 @@ impl Node {
             &[("main", 1)],
             Some(share(&uuid, memory_mib, compute_milli)),
         );
-        self.source.set_uid(pod, uid);
+        self.source.set_uid(pod.clone(), uid);
+        self.source.set_isolation(pod, isolation);
         let free: Vec<String> = self
             .h
             .available(&self.plugin)
@@ -232,9 +237,8 @@ async fn a_pod_over_its_memory_limit_is_killed_after_the_grace_period_and_others
     .await;
     node.admit("a", UID_A, 0, 1000, 500).await;
     node.admit("b", UID_B, 0, 1000, 500).await;
-    node.admit("c", UID_C, 1, 4000, 1000).await;
-    node.source
-        .set_isolation(PodRef::new("ml", "c"), Isolation::None);
+    node.admit_as("c", UID_C, (1, 4000, 1000), Isolation::None)
+        .await;
     let mut a = Child::sleeper();
     let mut b = Child::sleeper();
     let mut c = Child::sleeper();
@@ -313,6 +317,44 @@ async fn a_pod_over_its_memory_limit_is_killed_after_the_grace_period_and_others
         metrics.contains("tessera_agent_enforcement_actions_total{action=\"memory_warn\"} 1"),
         "{metrics}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_isolation_changed_after_allocate_does_not_switch_enforcement_off() {
+    // The pod's owner annotates its running pod `tessera.dev/isolation: none` (the source
+    // lists the new value, as the coordinator's stream would): the agent keeps holding it
+    // to the limits it was allocated with, in the mode it was allocated in.
+    let mut node = Node::start(WatchdogConfig {
+        interval: Duration::from_millis(100),
+        memory_grace: Duration::from_millis(300),
+        ..WatchdogConfig::default()
+    })
+    .await;
+    node.admit("a", UID_A, 0, 1000, 500).await;
+    let mut a = Child::sleeper();
+    node.run_on_gpu(&a, UID_A, 0, 600);
+    node.wait_enforcement("a", 0, |s| s == "ok").await;
+    node.source
+        .set_isolation(PodRef::new("ml", "a"), Isolation::None);
+    node.run_on_gpu(&a, UID_A, 0, 1500);
+    let deadline = Instant::now() + EVENTUALLY;
+    while !a.exited() {
+        assert!(
+            Instant::now() < deadline,
+            "a pod over its memory limit was left alone after its isolation annotation changed \
+             (status: {})",
+            node.enforcement("a", 0).await
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    node.wait_enforcement("a", 0, |s| s == "killed").await;
+    let status = node.status().await;
+    let share = status.gpus[0]
+        .pods
+        .iter()
+        .find(|p| p.pod == "ml/a")
+        .unwrap();
+    assert_eq!(share.pod_uid.as_deref(), Some(UID_A));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -49,6 +49,13 @@ const BIND_MEMORY: Duration = Duration::from_secs(300);
 /// A unit whose bind failed is not bound again for this long (the API keeps refusing it, or
 /// the cache must catch up first).
 const BIND_BACKOFF: Duration = Duration::from_secs(1);
+/// How long a bound GPU pod deleted before its kubelet allocated it still holds its node for
+/// the same-count rule. The kubelet may admit such a pod for a moment after the API server
+/// deleted it (its informer has not delivered the deletion yet); its nameless Allocate must
+/// not meet another unallocated pod of the same size, or the agent answers it with that pod's
+/// share. The delay between the deletion and the kubelet hearing of it is the informer's
+/// watch latency: well under a second, a few seconds on a saturated machine.
+const DEPARTED_HOLD: Duration = Duration::from_secs(5);
 /// A pending rollback whose pod the cache has not shown bound for this long is dropped: an
 /// unanswered Binding that the server was going to apply has been applied by then.
 const ROLLBACK_WATCH: Duration = Duration::from_secs(60);
@@ -177,6 +184,11 @@ pub(super) struct Planner {
     below_min_since: BTreeMap<(String, String), u64>,
     /// This cycle's victims the API server accepted, per node, for [`Planner::decide`].
     victims: BTreeMap<String, BTreeSet<String>>,
+    /// The unallocated GPU pods of the last pass, to notice those deleted before allocation.
+    last_unallocated: BTreeMap<String, (String, BTreeSet<u32>)>,
+    /// Pods deleted before their kubelet allocated them: still holding their node's request
+    /// sizes until [`DEPARTED_HOLD`] after the deletion was noticed.
+    departed: BTreeMap<String, (String, BTreeSet<u32>, Instant)>,
 }
 
 impl Planner {
@@ -193,6 +205,8 @@ impl Planner {
             backoff: BTreeMap::new(),
             below_min_since: BTreeMap::new(),
             victims: BTreeMap::new(),
+            last_unallocated: BTreeMap::new(),
+            departed: BTreeMap::new(),
         }
     }
 
@@ -257,11 +271,49 @@ impl Planner {
         now: Now,
     ) -> Vec<Write> {
         let mut pending = hold::unallocated_gpu_pods(store, &self.decided, allocated);
+        self.note_departed(store, &mut pending, now);
         let mut writes = Vec::new();
         for unit in units {
             writes.extend(self.release_unit(store, &unit, &mut pending, now));
         }
         writes
+    }
+
+    /// Notices the unallocated pods of the last pass that were deleted since (gone, or
+    /// deleting), and adds every pod deleted within [`DEPARTED_HOLD`] to `pending`: the
+    /// kubelet may still admit it.
+    fn note_departed(
+        &mut self,
+        store: &Store,
+        pending: &mut BTreeMap<String, Vec<Unallocated>>,
+        now: Now,
+    ) {
+        for (uid, (node, sizes)) in std::mem::take(&mut self.last_unallocated) {
+            let deleted = store
+                .pods
+                .get(&uid)
+                .is_none_or(|p| p.metadata.deletion_timestamp.is_some() && !is_finished(p));
+            if deleted {
+                self.departed
+                    .entry(uid)
+                    .or_insert((node, sizes, now.instant));
+            }
+        }
+        self.departed
+            .retain(|_, (_, _, at)| now.instant.duration_since(*at) < DEPARTED_HOLD);
+        self.last_unallocated = pending
+            .iter()
+            .flat_map(|(node, pods)| {
+                pods.iter()
+                    .map(move |(uid, sizes, _)| (uid.clone(), (node.clone(), sizes.clone())))
+            })
+            .collect();
+        for (uid, (node, sizes, _)) in &self.departed {
+            pending
+                .entry(node.clone())
+                .or_default()
+                .push((uid.clone(), sizes.clone(), None));
+        }
     }
 
     fn release_unit(

@@ -471,6 +471,49 @@ fn a_same_count_hold_lasts_until_allocation_or_the_timeout() {
     assert!(p.decided().is_empty(), "backed off");
 }
 
+/// A pod deleted before its kubelet allocated it still holds its node for a moment: the
+/// kubelet may admit it before it hears of the deletion, and its nameless Allocate must not
+/// meet the next pod of the same size. (Seen under load: the agent answered a deleted pod's
+/// Allocate with the next pod's share.)
+#[test]
+fn a_pod_deleted_before_allocation_holds_its_node_for_a_moment() {
+    let now = t0();
+    let before = store(vec![kpod("x", 1, Some(NODE)), kpod("p", 1, None)]);
+    let mut p = Planner::new(Duration::from_secs(60));
+    let one = || bindings(&["p"], false);
+    assert!(
+        p.decide(&before, &snap(&["p"], None), &one(), &none_allocated(), now)
+            .is_empty(),
+        "held beside unallocated x"
+    );
+    // x is deleted (gone from the API): p still waits, until the hold has passed.
+    let after = store(vec![kpod("p", 1, None)]);
+    assert!(
+        p.release_held(&after, &none_allocated(), later(now, 1))
+            .is_empty()
+    );
+    assert!(
+        p.release_held(&after, &none_allocated(), later(now, 4))
+            .is_empty()
+    );
+    assert_eq!(
+        waves(&p.release_held(&after, &none_allocated(), later(now, 7))),
+        vec![vec!["p".to_owned()]]
+    );
+
+    // Allocated, then gone: nothing to wait for.
+    let mut p = Planner::new(Duration::from_secs(60));
+    assert!(
+        p.decide(&before, &snap(&["p"], None), &one(), &none_allocated(), now)
+            .is_empty()
+    );
+    let allocated = BTreeMap::from([(NODE.to_owned(), set(&["x"]))]);
+    assert_eq!(
+        waves(&p.release_held(&before, &allocated, later(now, 1))),
+        vec![vec!["p".to_owned()]]
+    );
+}
+
 /// A decision after evictions waits for its victims through their grace period (not the
 /// timeout), is nominated meanwhile, and is bound once they are gone.
 #[test]

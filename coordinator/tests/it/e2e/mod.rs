@@ -22,6 +22,7 @@ use parking_lot::Mutex;
 use tempfile::TempDir;
 use tessera_agent::agent::{Agent, AgentConfig};
 use tessera_agent::coordinator_pods::CoordinatorPods;
+use tessera_agent::enforce::watchdog::WatchdogConfig;
 use tessera_agent::gpu::Backend;
 use tessera_agent::gpu::sim::SimBackend;
 use tessera_agent::node::NodeOptions;
@@ -148,6 +149,19 @@ pub(crate) struct NodeSlot {
     pub sim: Arc<SimBackend>,
     node: GpuNode,
     agent: Option<Agent>,
+    /// The running agent's pods, as the coordinator streams them.
+    pods: Option<Arc<CoordinatorPods>>,
+    /// The watchdog the agent starts with (none by default: no container really runs).
+    watchdog: Option<WatchdogConfig>,
+}
+
+/// What happens to an agent's state directory while it is stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StateDamage {
+    /// Everything in it is gone (a new node disk, a wiped hostPath).
+    Wiped,
+    /// Its ledger checkpoint is cut short mid-write (a power cut without fsync).
+    Corrupt,
 }
 
 /// A running end-to-end cluster.
@@ -293,6 +307,13 @@ impl E2e {
         }
     }
 
+    /// The control plane (kubeconfigs, credentials).
+    pub(crate) fn cluster(&self) -> &Cluster {
+        self.cluster
+            .as_ref()
+            .expect("the cluster runs until shutdown")
+    }
+
     /// Pods in the test namespace.
     pub(crate) fn pods(&self) -> Api<Pod> {
         Api::namespaced(self.client.clone(), NS)
@@ -316,10 +337,22 @@ impl E2e {
 
     /// Creates a top-level queue with `gpu_quota` deserved GPUs and weight 1.
     pub(crate) async fn create_queue(&self, name: &str, gpu_quota: f64) {
+        self.create_queue_under(name, None, gpu_quota).await;
+    }
+
+    /// Creates a queue under `parent` (top-level for `None`) with `gpu_quota` deserved GPUs
+    /// and weight 1.
+    pub(crate) async fn create_queue_under(
+        &self,
+        name: &str,
+        parent: Option<&str>,
+        gpu_quota: f64,
+    ) {
         let queues: Api<Queue> = Api::all(self.client.clone());
         let queue = Queue::new(
             name,
             QueueSpec {
+                parent: parent.map(str::to_owned),
                 gpu: Some(GpuQuota {
                     quota: gpu_quota,
                     over_quota_weight: 1.0,
@@ -556,13 +589,50 @@ impl E2e {
         if let Some(shape) = shape {
             slot.sim = Arc::new(SimBackend::from_yaml(shape, node).expect("GPU shape parses"));
         }
-        slot.agent = Some(start_agent(slot, service).await);
+        start_agent(slot, service).await;
+    }
+
+    /// Damages the state directory of the agent of `node`, which must be stopped.
+    pub(crate) fn damage_agent_state(&self, node: &str, damage: StateDamage) {
+        let slot = self.slot(node);
+        assert!(slot.agent.is_none(), "the agent of {node} is running");
+        let dir = slot.node.state_dir();
+        match damage {
+            StateDamage::Wiped => {
+                std::fs::remove_dir_all(&dir).expect("removing the agent's state directory");
+                std::fs::create_dir_all(&dir).expect("an empty state directory");
+            }
+            StateDamage::Corrupt => std::fs::write(
+                dir.join(tessera_agent::ledger::CHECKPOINT_FILE),
+                "{\"next_id\": 4, \"allocations\": [{\"id\": 1, \"resource\": \"nvidia.com/gp",
+            )
+            .expect("writing a cut-short checkpoint"),
+        }
+    }
+
+    /// The pods the running agent of `node` has from the coordinator's stream.
+    pub(crate) fn agent_pods(&self, node: &str) -> Arc<CoordinatorPods> {
+        self.slot(node)
+            .pods
+            .clone()
+            .unwrap_or_else(|| panic!("the agent of {node} is not running"))
+    }
+
+    /// Runs the agent of `node` with `watchdog` from its next start on.
+    pub(crate) fn set_agent_watchdog(&mut self, node: &str, watchdog: Option<WatchdogConfig>) {
+        self.slot_mut(node).watchdog = watchdog;
+    }
+
+    /// The `/proc` the agent of `node` attributes GPU processes through.
+    pub(crate) fn agent_proc_root(&self, node: &str) -> std::path::PathBuf {
+        self.slot(node).node.proc_root()
     }
 
     /// Stops the agent of `node`: its plugin socket and its stream to the coordinator go away,
     /// its checkpoint stays.
     pub(crate) async fn stop_agent(&mut self, node: &str) {
         let slot = self.slot_mut(node);
+        slot.pods = None;
         if let Some(agent) = slot.agent.take() {
             agent
                 .stop()
@@ -576,7 +646,7 @@ impl E2e {
         let service = self.service;
         let slot = self.slot_mut(node);
         assert!(slot.agent.is_none(), "the agent of {node} is running");
-        slot.agent = Some(start_agent(slot, service).await);
+        start_agent(slot, service).await;
     }
 
     /// Restarts the kubelet of `node`: the process stops (the device manager removes its
@@ -667,6 +737,15 @@ impl E2e {
                 out,
                 "  container {}/{} on {node}: {:?}",
                 r.pod, r.container, r.env
+            );
+        }
+        // What each kubelet admitted or refused, and why: the other half of an agent's story.
+        for slot in &self.nodes {
+            let _ = writeln!(
+                out,
+                "  kubelet {} (last lines):\n{}",
+                slot.name,
+                slot.node.kubelet().log()
             );
         }
         out
@@ -801,12 +880,15 @@ async fn start_node(
         sim,
         node,
         agent: None,
+        pods: None,
+        watchdog: None,
     };
-    slot.agent = Some(start_agent(&slot, service).await);
+    start_agent(&mut slot, service).await;
     slot
 }
 
-async fn start_agent(slot: &NodeSlot, service: SocketAddr) -> Agent {
+/// Starts the agent of `slot` (its checkpoint and sockets where the last one left them).
+async fn start_agent(slot: &mut NodeSlot, service: SocketAddr) {
     let kubelet = slot.node.kubelet();
     // As in the chart: the node's pods come over the coordinator stream, not from the API.
     let source = Arc::new(CoordinatorPods::new());
@@ -819,7 +901,7 @@ async fn start_agent(slot: &NodeSlot, service: SocketAddr) -> Agent {
         admin_socket: None,
         options: NodeOptions::default(),
         source: source.clone(),
-        node_pods: Some(source),
+        node_pods: Some(Arc::clone(&source)),
         reconcile_every: Duration::from_secs(1),
         reconcile_grace: Duration::from_secs(30),
         metrics_addr: None,
@@ -827,14 +909,16 @@ async fn start_agent(slot: &NodeSlot, service: SocketAddr) -> Agent {
         coordinator_token_file: None,
         coordinator_ca_file: None,
         proc_root: slot.node.proc_root(),
-        watchdog: None,
+        watchdog: slot.watchdog,
         events: Arc::new(tessera_agent::events::LogEvents),
         mps: Default::default(),
         mig: Default::default(),
     };
-    Agent::start(config)
+    let agent = Agent::start(config)
         .await
-        .unwrap_or_else(|e| panic!("the agent of {} starts: {e}", slot.name))
+        .unwrap_or_else(|e| panic!("the agent of {} starts: {e}", slot.name));
+    slot.agent = Some(agent);
+    slot.pods = Some(source);
 }
 
 /// Number of GPUs of a simulated machine.

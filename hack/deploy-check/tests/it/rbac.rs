@@ -21,7 +21,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::json;
-use tessera_coordinator::crd::{PodGroup, Queue};
+use tessera_coordinator::crd::{GpuNode, PodGroup, Queue};
 
 async fn create(h: &Harness, pod: Pod) {
     let name = pod.metadata.name.clone().unwrap_or_default();
@@ -177,6 +177,26 @@ async fn the_charts_rbac_lets_coordinator_and_agent_do_their_work() {
         let q = queues.get("team-b").await.ok()?.status?;
         let g = groups.get("gang").await.ok()?.status?;
         (q.allocated.as_ref()?.gpu >= 2.0 && g.phase.is_some()).then_some(())
+    })
+    .await;
+
+    // The node's GpuNode view (what `kubectl tessera gpus` reads): created, owned by its Node,
+    // and its status written with the shares the agent reports.
+    h.wait_until("gpu-0's GpuNode view with the shares held", || async {
+        let view = Api::<GpuNode>::all(h.admin.clone())
+            .get("gpu-0")
+            .await
+            .ok()?;
+        let owner = view.metadata.owner_references.as_ref()?.first()?.clone();
+        let status = view.status?;
+        (owner.kind == "Node"
+            && owner.name == "gpu-0"
+            && status.gpu_count == 4
+            && status
+                .gpus
+                .iter()
+                .any(|g| g.shares.iter().any(|s| s.pod == "gang-0")))
+        .then_some(())
     })
     .await;
 
@@ -482,4 +502,49 @@ async fn without_patch_on_nodes_the_coordinator_cannot_label_them() {
         other => panic!("a label without patch on nodes: {other:?}"),
     }
     h.shutdown().await;
+}
+
+/// `tessera-viewer`, for people running `kubectl tessera`: reads only, of Tessera's objects and
+/// Nodes, and nothing of pods, Secrets or ConfigMaps (a user's own pods come from their
+/// namespace's roles). The end-to-end use of it is `coordinator/tests/it/e2e_kubectl.rs`.
+#[test]
+fn the_viewer_role_only_reads_tesseras_objects_and_nodes() {
+    let docs = common::default_render();
+    let role = docs
+        .iter()
+        .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "tessera-viewer")
+        .expect("the ClusterRole tessera-viewer");
+    let mut granted: BTreeSet<(String, String, String)> = BTreeSet::new();
+    for rule in role["rules"].as_array().expect("rules") {
+        let list = |key: &str| -> Vec<String> {
+            serde_json::from_value(rule[key].clone()).unwrap_or_default()
+        };
+        for group in list("apiGroups") {
+            for resource in list("resources") {
+                for verb in list("verbs") {
+                    granted.insert((group.clone(), resource.clone(), verb));
+                }
+            }
+        }
+    }
+    let mut want = BTreeSet::new();
+    for (group, resource) in [
+        ("tessera.dev", "gpunodes"),
+        ("tessera.dev", "queues"),
+        ("tessera.dev", "podgroups"),
+        ("tessera.dev", "topologies"),
+        ("", "nodes"),
+    ] {
+        for verb in ["get", "list", "watch"] {
+            want.insert((group.to_owned(), resource.to_owned(), verb.to_owned()));
+        }
+    }
+    assert_eq!(granted, want, "{role:#}");
+    // Nothing binds it: an admin chooses who views.
+    assert!(
+        !docs
+            .iter()
+            .any(|d| d["roleRef"]["name"] == "tessera-viewer"),
+        "the chart binds tessera-viewer"
+    );
 }

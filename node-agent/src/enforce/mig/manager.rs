@@ -272,19 +272,23 @@ impl MigManager {
         }
     }
 
-    /// Destroys the instances whose allocation is not in `held` and in which no process
-    /// runs; returns the UUIDs destroyed. Blocking.
-    pub fn sweep(&self, held: &BTreeSet<u64>) -> Vec<String> {
+    /// Destroys the instances whose allocation is not among the ledger ids `held` returns
+    /// and in which no process runs; returns the UUIDs destroyed. Blocking.
+    ///
+    /// `held` is read after the instances: an Allocate records its allocation in the ledger
+    /// before binding its instance to it, so an instance seen bound has its id in `held`
+    /// unless the allocation was released since. Read before, an Allocate in between would
+    /// have its new instance destroyed under it.
+    pub fn sweep(&self, held: impl FnOnce() -> BTreeSet<u64>) -> Vec<String> {
         let now = now_unix_ms();
-        let gone: Vec<Created> = self
-            .created
-            .lock()
-            .iter()
+        let created = self.created.lock().clone();
+        let held = held();
+        let gone: Vec<Created> = created
+            .into_iter()
             .filter(|c| match c.allocation {
                 Some(id) => !held.contains(&id),
                 None => now.saturating_sub(c.created_unix_ms) > UNBOUND_GRACE_MS,
             })
-            .cloned()
             .collect();
         let mut destroyed = Vec::new();
         for c in gone {

@@ -2,6 +2,7 @@
 //! and a fake pod-resources server on real Unix sockets in a temporary directory.
 
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -227,4 +228,88 @@ pub(crate) fn gpu_of(slot: &str) -> &str {
 
 pub(crate) fn refs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
+}
+
+/// The `tessera-agent` binary.
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_tessera-agent");
+
+/// `tessera-agent run` as a child process, killed (and reaped) when dropped.
+pub(crate) struct AgentProcess(Child);
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl AgentProcess {
+    /// Runs the agent binary without a cluster on the GPU shape `file`, its sockets and
+    /// state under `dir` (device plugins in `dir/dp`, admin socket `dir/admin.sock`), its
+    /// open files limited to `nofile` when given (the shell's `ulimit`, which then `exec`s
+    /// the agent, so the child is the agent itself).
+    pub(crate) fn spawn(dir: &Path, file: &str, nofile: Option<u32>) -> Self {
+        let mut command = match nofile {
+            Some(n) => {
+                let mut c = Command::new("sh");
+                c.arg("-c")
+                    .arg(format!("ulimit -n {n} && exec \"$0\" \"$@\""))
+                    .arg(BIN);
+                c
+            }
+            None => Command::new(BIN),
+        };
+        Self::args(&mut command, dir, file, "none");
+        command.stderr(Stdio::null());
+        Self::start(command)
+    }
+
+    /// The agent binary's command line as [`AgentProcess::spawn`] runs it, reporting to
+    /// `coordinator` (`host:port`, or `none`); stdout and stderr are the caller's to set.
+    pub(crate) fn command(dir: &Path, file: &str, coordinator: &str) -> Command {
+        let mut command = Command::new(BIN);
+        Self::args(&mut command, dir, file, coordinator);
+        command
+    }
+
+    /// Starts `command` (from [`AgentProcess::command`]), its stdout discarded.
+    pub(crate) fn start(mut command: Command) -> Self {
+        Self(command.stdout(Stdio::null()).spawn().unwrap())
+    }
+
+    fn args(command: &mut Command, dir: &Path, file: &str, coordinator: &str) {
+        std::fs::create_dir_all(dir.join("dp")).unwrap();
+        command
+            .args(["run", "--node-name", "node-a", "--no-kube"])
+            .args(["--coordinator", coordinator, "--metrics-addr", "none"])
+            .arg("--gpu-backend")
+            .arg(format!("sim:{}", shape(file).display()))
+            .arg("--device-plugin-dir")
+            .arg(dir.join("dp"))
+            .arg("--pod-resources-socket")
+            .arg(dir.join("pr.sock"))
+            .arg("--state-dir")
+            .arg(dir.join("state"))
+            .arg("--admin-socket")
+            .arg(dir.join("admin.sock"));
+    }
+
+    /// Its process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+/// `(state, utime + stime in clock ticks)` from the real `/proc/<pid>/stat`.
+pub(crate) fn proc_stat(pid: u32) -> (char, u64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let state = fields[0].chars().next().unwrap();
+    let ticks = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    (state, ticks)
 }

@@ -260,7 +260,7 @@ impl Harness {
             .iter()
             .filter(|d| d["kind"] == "CustomResourceDefinition")
             .collect();
-        assert_eq!(crds.len(), 3, "the chart installs three CRDs");
+        assert_eq!(crds.len(), 4, "the chart installs four CRDs");
         for crd in &crds {
             self.apply(crd).await;
         }

@@ -8,7 +8,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::condition::Condition;
-use super::quantity::{QuantityValue, format_mib, format_milli};
+use crate::quantity::{QuantityValue, format_mib, format_milli};
 
 /// Spec of a Queue: its place in the hierarchy and its share of each resource.
 #[allow(clippy::duplicated_attributes)] // kube-derive repeats `type_` per printer column by design.

@@ -1,9 +1,11 @@
 //! Kubernetes quantities (`32`, `500m`, `64Gi`, `1.5`, `1e3`) parsed exactly, without floating
 //! point, so `0.1` CPU is 100 milli-cores and not 100.000000001 rounded up to 101.
+//!
+//! Shared by the coordinator (CRD quantities, pod requests, the GPU share annotations) and
+//! `kubectl tessera` (which reads the same fields); its schema (feature `crd`) is the CRDs'.
 
 use std::fmt;
 
-use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// What a malformed quantity looked like and which forms are accepted.
@@ -203,7 +205,8 @@ impl<'de> Deserialize<'de> for QuantityValue {
     }
 }
 
-impl JsonSchema for QuantityValue {
+#[cfg(feature = "crd")]
+impl schemars::JsonSchema for QuantityValue {
     fn schema_name() -> std::borrow::Cow<'static, str> {
         "QuantityValue".into()
     }
