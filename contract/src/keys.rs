@@ -55,6 +55,31 @@ pub const JOBSET_NAME_LABEL: &str = "jobset.sigs.k8s.io/jobset-name";
 /// The scheduler name of pods that name none.
 pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
 
+/// Node label: the node's physical GPUs (NVIDIA GPU feature discovery's name and integer
+/// value; MIG-mode GPUs count once each). A node's `nvidia.com/gpu` capacity is share slots,
+/// this many times [`NODE_GPU_SHARES_PER_GPU`].
+pub const NODE_GPU_COUNT: &str = "nvidia.com/gpu.count";
+/// Node label: the GPU model as GPU feature discovery writes it (the driver's product name,
+/// spaces as `-`, e.g. `NVIDIA-A100-SXM4-80GB`).
+pub const NODE_GPU_PRODUCT: &str = "nvidia.com/gpu.product";
+/// Node label: memory of one GPU in MiB (GPU feature discovery's name and unit).
+pub const NODE_GPU_MEMORY: &str = "nvidia.com/gpu.memory";
+/// Node label: the node's physical GPUs, as [`NODE_GPU_COUNT`], under Tessera's own name
+/// (written even where feature discovery owns the NVIDIA one).
+pub const NODE_TESSERA_GPU_COUNT: &str = "tessera.dev/gpu-count";
+/// Node label: `nvidia.com/gpu` slots the agent advertises per healthy GPU.
+pub const NODE_GPU_SHARES_PER_GPU: &str = "tessera.dev/gpu-shares-per-gpu";
+/// The node labels the coordinator writes from its agents' inventory, and the only thing it
+/// may change on a Node: the chart's admission policy refuses it any other change (it reads
+/// this list; deploy-check generates the policy's CEL list from it).
+pub const NODE_GPU_LABELS: [&str; 5] = [
+    NODE_GPU_COUNT,
+    NODE_GPU_PRODUCT,
+    NODE_GPU_MEMORY,
+    NODE_TESSERA_GPU_COUNT,
+    NODE_GPU_SHARES_PER_GPU,
+];
+
 /// Annotations only Tessera writes ([`ASSIGNMENT`] and [`ASSIGNED_AT`] in the coordinator's
 /// Binding, [`ALLOCATED`] by a revision-1 agent). The chart's admission policy refuses any
 /// other writer a pod (or Binding) that carries, adds, changes or removes one; it reads this

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tessera_logs::LogFormat;
 
 use tessera_sim::experiment::{FillSpec, PolicyRun, prepare, run_policy};
 use tessera_sim::policy::{Policy, parse_policies};
@@ -120,6 +121,11 @@ struct RunArgs {
     /// Seconds without word from a node's agent after which the node gets no new GPU pods.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     agent_timeout_secs: u64,
+    /// Seconds a node's agent may be missing (after this replica begins to lead, the node
+    /// appears, or the agent's stream closes) before pending GPU pods' messages say so: agents
+    /// take a moment to reconnect after a restart or a failover.
+    #[arg(long, default_value_t = 60)]
+    agent_grace_secs: u64,
     /// Milliseconds between scheduling cycles when nothing changes.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
     cycle_interval_ms: u64,
@@ -135,9 +141,10 @@ struct RunArgs {
     /// memory or utilisation.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     gpu_view_refresh_secs: u64,
-    /// Log line format.
-    #[arg(long, value_enum, default_value_t = LogFormatArg::Text)]
-    log_format: LogFormatArg,
+    /// Log line format: human-readable `text` (coloured only on a terminal), or `json`, one
+    /// object per line.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,14 +153,6 @@ enum AgentAuth {
     Tokenreview,
     /// No authentication (development only).
     None,
-}
-
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum LogFormatArg {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
 }
 
 #[derive(Args, Debug)]
@@ -407,13 +406,8 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
     use tessera_coordinator::agents::Authenticator;
     use tessera_coordinator::cluster::leader::LeaseConfig;
     use tessera_coordinator::cluster::{Coordinator, CoordinatorConfig};
-    use tessera_coordinator::ops::logs::{self, LogFormat};
-
-    logs::init(match args.log_format {
-        LogFormatArg::Text => LogFormat::Text,
-        LogFormatArg::Json => LogFormat::Json,
-    })
-    .map_err(|e| anyhow::anyhow!("installing the log subscriber: {e}"))?;
+    tessera_logs::init(args.log_format)
+        .map_err(|e| anyhow::anyhow!("installing the log subscriber: {e}"))?;
     let identity = args
         .identity
         .or_else(|| std::env::var("POD_NAME").ok())
@@ -510,6 +504,7 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
             metrics_listen,
             authenticator,
             agent_timeout: Duration::from_secs(args.agent_timeout_secs),
+            agent_grace: Duration::from_secs(args.agent_grace_secs),
             cycle_interval: Duration::from_millis(args.cycle_interval_ms),
             binds_in_flight: args.binds_in_flight as usize,
             gpu_view: tessera_coordinator::cluster::gpu_view::GpuViewConfig {

@@ -18,6 +18,7 @@ use tessera_agent::gpu::Backend;
 use tessera_agent::kube_assignments::KubeAssignments;
 use tessera_agent::node::NodeOptions;
 use tessera_agent::probe;
+use tessera_logs::LogFormat;
 use tessera_proto::deviceplugin::DEFAULT_DEVICE_PLUGIN_DIR;
 use tessera_proto::podresources::{DEFAULT_POD_RESOURCES_DIR, POD_RESOURCES_SOCKET};
 
@@ -85,9 +86,10 @@ enum Command {
 
 #[derive(Args, Debug)]
 struct RunArgs {
-    /// Log line format: human-readable `text`, or one JSON object per line.
-    #[arg(long, value_enum, default_value_t = LogFormatArg::Text)]
-    log_format: LogFormatArg,
+    /// Log line format: human-readable `text` (coloured only on a terminal), or `json`, one
+    /// object per line.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     /// This node's name (the downward API's spec.nodeName).
     #[arg(long, env = "NODE_NAME")]
     node_name: String,
@@ -252,30 +254,9 @@ enum AssignmentsArg {
     Kube,
 }
 
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum LogFormatArg {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
-
 async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr);
-    // The coordinator's JSON layout (tracing-subscriber's), so one collector parses both.
-    let installed = match args.log_format {
-        LogFormatArg::Text => logs.try_init(),
-        LogFormatArg::Json => logs
-            .json()
-            .with_current_span(false)
-            .with_span_list(true)
-            .try_init(),
-    };
+    // The coordinator's definition (crate tessera-logs), so one collector parses both.
+    let installed = tessera_logs::init(args.log_format);
     installed.map_err(|e| anyhow::anyhow!("installing the log subscriber: {e}"))?;
     let coordinator = match args.coordinator.as_str() {
         "none" => None,

@@ -225,6 +225,17 @@ enum SessionEnd {
 }
 
 impl SessionEnd {
+    /// The coordinator is not there (yet) rather than refusing: nothing listens, a standby
+    /// replica answered, or the stream was closed or cut. An agent started before its
+    /// coordinator sees these until the coordinator leads.
+    fn coordinator_absent(&self) -> bool {
+        match self {
+            SessionEnd::Connect(_) | SessionEnd::Closed => true,
+            SessionEnd::Stream(s) => s.code() == tonic::Code::Unavailable,
+            SessionEnd::Tls(_) | SessionEnd::Rejected { .. } => false,
+        }
+    }
+
     /// What an operator can change, for the causes that have a fix on this side.
     fn hint(&self) -> &'static str {
         match self {
@@ -277,8 +288,7 @@ pub async fn run_authenticated(
 ) {
     let mut failures: u32 = 0;
     let mut token = TokenSource::new(security.token_file.clone());
-    // The last cause logged: each cause is logged once when it appears, then retried quietly.
-    let mut last_cause: Option<String> = None;
+    let mut said = EndLog::default();
     loop {
         let bearer = token.read();
         let before = failures;
@@ -300,20 +310,26 @@ pub async fn run_authenticated(
             Ok(()) => return,
             Err(error) => {
                 // A session that got as far as Welcome reset `failures`: its end is news.
-                if failures < before || before == 0 {
-                    last_cause = None;
+                if failures < before {
+                    said.welcomed();
                 }
-                let cause = error.to_string();
-                if last_cause.as_deref() == Some(cause.as_str()) {
-                    tracing::debug!(%endpoint, %error, "coordinator stream ended again; reconnecting");
-                } else {
-                    tracing::warn!(
+                match said.ended(&error) {
+                    Say::Waiting => tracing::warn!(
+                        %endpoint,
+                        %error,
+                        hint = error.hint(),
+                        "waiting for the coordinator: it does not answer yet (normal while it starts); \
+                         retrying with backoff, each further attempt logged at debug level until it answers"
+                    ),
+                    Say::Ended => tracing::warn!(
                         %endpoint,
                         %error,
                         hint = error.hint(),
                         "coordinator stream ended; reconnecting with backoff (the same cause again is logged at debug level)"
-                    );
-                    last_cause = Some(cause);
+                    ),
+                    Say::Again => {
+                        tracing::debug!(%endpoint, %error, "coordinator not reached again; retrying")
+                    }
                 }
             }
         }
@@ -322,6 +338,64 @@ pub async fn run_authenticated(
             .saturating_mul(1u32 << failures.min(8).saturating_sub(1))
             .min(BACKOFF_MAX);
         tokio::time::sleep(delay).await;
+    }
+}
+
+/// What the log says when a session with the coordinator ends: a coordinator that is not
+/// there yet (an agent started before it, the normal order in a rollout) or went away is said
+/// once at WARN and then at debug on every retry until a session is welcomed again; any other
+/// cause (a refusal, a TLS problem) at WARN each time it changes.
+#[derive(Debug, Default)]
+struct EndLog {
+    /// A session was welcomed since the last one that ended.
+    welcomed: bool,
+    /// An absent coordinator was said since the last welcome.
+    absence_said: bool,
+    /// The last cause said.
+    last_cause: Option<String>,
+}
+
+/// How [`EndLog`] says one session's end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Say {
+    /// WARN: the coordinator does not answer yet.
+    Waiting,
+    /// WARN: a new cause (or the stream of a welcomed session broke).
+    Ended,
+    /// debug: nothing new.
+    Again,
+}
+
+impl EndLog {
+    /// The session that just ended had been welcomed.
+    fn welcomed(&mut self) {
+        *self = EndLog {
+            welcomed: true,
+            ..EndLog::default()
+        };
+    }
+
+    /// How to say that a session ended with `error`.
+    fn ended(&mut self, error: &SessionEnd) -> Say {
+        let was_welcomed = std::mem::take(&mut self.welcomed);
+        if error.coordinator_absent() {
+            if self.absence_said {
+                return Say::Again;
+            }
+            self.absence_said = true;
+            self.last_cause = Some(error.to_string());
+            return if was_welcomed {
+                Say::Ended
+            } else {
+                Say::Waiting
+            };
+        }
+        let cause = error.to_string();
+        if !was_welcomed && self.last_cause.as_deref() == Some(cause.as_str()) {
+            return Say::Again;
+        }
+        self.last_cause = Some(cause);
+        Say::Ended
     }
 }
 
@@ -525,5 +599,95 @@ mod tests {
                 .contains("--coordinator")
         );
         assert_eq!(SessionEnd::Closed.hint(), "");
+    }
+
+    /// How each session end is said, in order: a coordinator that is not there yet once at
+    /// WARN then at debug, a refusal whenever its cause changes, a broken stream once.
+    #[test]
+    fn an_absent_coordinator_is_said_once_and_refusals_when_they_change() {
+        let refused = || SessionEnd::Connect("transport error: tcp connect error".into());
+        let standby = || SessionEnd::Stream(tonic::Status::unavailable("standby"));
+        let denied = || SessionEnd::Stream(tonic::Status::unauthenticated("no token"));
+        let mut said = EndLog::default();
+        let mut rows: Vec<(&str, Say)> = Vec::new();
+        let mut end = |what, error: SessionEnd| rows.push((what, said.ended(&error)));
+        end("nothing listens yet", refused());
+        end("still nothing", refused());
+        end("a standby answers", standby());
+        end("nothing again", refused());
+        end("refused: news", denied());
+        end("refused again", denied());
+        assert_eq!(
+            rows,
+            [
+                ("nothing listens yet", Say::Waiting),
+                ("still nothing", Say::Again),
+                ("a standby answers", Say::Again),
+                ("nothing again", Say::Again),
+                ("refused: news", Say::Ended),
+                ("refused again", Say::Again),
+            ]
+        );
+        // Welcomed, then the leader went away: said once, then quiet until welcomed again.
+        said.welcomed();
+        assert_eq!(said.ended(&standby()), Say::Ended);
+        assert_eq!(said.ended(&refused()), Say::Again);
+        said.welcomed();
+        assert_eq!(said.ended(&SessionEnd::Closed), Say::Ended);
+    }
+
+    /// An agent started 30 s before its coordinator (on tokio's paused clock: the backoff's
+    /// sleeps pass at once) warns once about it, and retries at debug level.
+    #[tokio::test(start_paused = true)]
+    async fn an_agent_started_before_its_coordinator_warns_once() {
+        let lines = tessera_logs::Captured::default();
+        let sink = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || sink.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::DEBUG)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let shape =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/gpus/l40s-4x-pcie.yaml");
+        let sim =
+            Arc::new(crate::gpu::sim::SimBackend::from_file(shape).expect("the shape parses"));
+        let node = Arc::new(
+            Node::new(
+                sim,
+                crate::ledger::Ledger::in_memory(),
+                crate::node::NodeOptions::default(),
+            )
+            .expect("the node starts"),
+        );
+        let meter = PodMeter::new(
+            crate::enforce::usage::ProcessAttribution::new("/nonexistent"),
+            Arc::new(crate::assignments::NoAssignments),
+        );
+        // A port nothing listens on: bound, then let go.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port");
+        let endpoint = format!("http://{closed}");
+        let reporting = run(endpoint, node, "node-a".into(), meter);
+        let waited = tokio::time::timeout(Duration::from_secs(30), reporting).await;
+        assert!(waited.is_err(), "the loop keeps trying");
+        let text = lines.text();
+        let warns: Vec<&str> = text.lines().filter(|l| l.contains(" WARN ")).collect();
+        let retries = text
+            .lines()
+            .filter(|l| l.contains("DEBUG") && l.contains("coordinator not reached again"))
+            .count();
+        assert_eq!(warns.len(), 1, "{text}");
+        assert!(warns[0].contains("waiting for the coordinator"), "{text}");
+        assert!(
+            warns[0].contains(&closed.to_string()),
+            "it names what it waits for: {text}"
+        );
+        // The backoff doubles from 200 ms to 30 s: seven retries in the first 30 s.
+        assert!(
+            retries >= 5,
+            "{retries} retries logged at debug level:\n{text}"
+        );
     }
 }

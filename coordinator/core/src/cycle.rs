@@ -292,43 +292,122 @@ impl NodeReason {
     }
 }
 
-impl fmt::Display for NodeReason {
+impl NodeReason {
+    /// This reason as a pending pod's message counts it, in kube-scheduler's words where one of
+    /// its filter plugins reports the same failure, and with the pod's request where the reason
+    /// is about GPUs: `gpus` GPUs per pod, `mig` for a pod that needs GPUs in MIG mode ("node(s)
+    /// had fewer than 8 free GPUs"). `gpus` 0 gives the words without a count.
+    pub fn for_pod(&self, gpus: u32, mig: bool) -> ForPod<'_> {
+        ForPod {
+            reason: self,
+            gpus,
+            mig,
+        }
+    }
+}
+
+/// A [`NodeReason`] worded for one pod's request ([`NodeReason::for_pod`]).
+pub struct ForPod<'a> {
+    reason: &'a NodeReason,
+    gpus: u32,
+    mig: bool,
+}
+
+/// "no {adjective}GPU{rest}" for a one-GPU pod, "fewer than {n} {adjective}GPUs{rest}" for
+/// more; `generic` without a count.
+fn short_of(
+    f: &mut fmt::Formatter<'_>,
+    n: u32,
+    (adjective, rest): (&str, &str),
+    generic: &str,
+) -> fmt::Result {
+    match n {
+        0 => write!(f, "node(s) had {generic}"),
+        1 => write!(f, "node(s) had no {adjective}GPU{rest}"),
+        n => write!(f, "node(s) had fewer than {n} {adjective}GPUs{rest}"),
+    }
+}
+
+impl fmt::Display for ForPod<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            NodeReason::Unschedulable => "node unschedulable",
-            NodeReason::NodeSelector => "node affinity/selector mismatch",
-            NodeReason::NoGpus => "no GPU",
-            NodeReason::GpuModel => "GPU model not accepted",
-            NodeReason::InsufficientCpu => "insufficient CPU",
-            NodeReason::InsufficientMemory => "insufficient memory",
-            NodeReason::TooFewGpus => "fewer GPUs than the pod requests",
-            NodeReason::TooFewHealthyGpus => "too few healthy GPUs",
+        let n = self.gpus;
+        f.write_str(match self.reason {
+            // kube-scheduler's own words (its filter plugins' reasons at v1.37).
+            NodeReason::Unschedulable => "node(s) were unschedulable",
+            NodeReason::NodeSelector => "node(s) didn't match Pod's node affinity/selector",
+            NodeReason::InsufficientCpu => "Insufficient cpu",
+            NodeReason::InsufficientMemory => "Insufficient memory",
+            NodeReason::InsufficientResource(r) => return write!(f, "Insufficient {r}"),
+            NodeReason::TooManyPods => "Too many pods",
+            // kube-scheduler wrote the taint itself until v1.35 ("untolerated taint(s)" since):
+            // naming it says which toleration is missing.
+            NodeReason::UntoleratedTaint(t) => {
+                return write!(f, "node(s) had untolerated taint {t}");
+            }
+            NodeReason::VolumeNodeAffinity => {
+                "node(s) didn't match PersistentVolume's node affinity"
+            }
+            NodeReason::HostPorts => "node(s) didn't have free ports for the requested pod ports",
+            NodeReason::PodAffinity => "node(s) didn't match pod affinity rules",
+            NodeReason::PodAntiAffinity => "node(s) didn't match pod anti-affinity rules",
+            NodeReason::ExistingAntiAffinity => {
+                "node(s) didn't satisfy existing pods anti-affinity rules"
+            }
+            NodeReason::TopologySpread => "node(s) didn't match pod topology spread constraints",
+            NodeReason::TopologySpreadMissingLabel => {
+                "node(s) didn't match pod topology spread constraints (missing required label)"
+            }
+            // Tessera's GPU fit, in the same style.
+            NodeReason::NoGpus => "node(s) had no GPUs",
+            NodeReason::GpuModel => "node(s) didn't have the GPU model the pod accepts",
+            NodeReason::TooFewGpus if self.mig => {
+                return short_of(f, n, ("", " in MIG mode"), "fewer GPUs in MIG mode than the pod requests");
+            }
+            // One GPU short for a pod that is not MIG: every GPU of the node is in MIG mode
+            // (a node without GPUs is `NoGpus`).
+            NodeReason::TooFewGpus if n == 1 => "node(s) had only GPUs in MIG mode",
+            NodeReason::TooFewGpus => {
+                return short_of(f, n, ("", ""), "fewer GPUs than the pod requests");
+            }
+            NodeReason::TooFewHealthyGpus => {
+                return short_of(f, n, ("healthy ", ""), "too few healthy GPUs");
+            }
+            NodeReason::InsufficientWholeGpus => {
+                return short_of(f, n, ("free ", ""), "too few free whole GPUs");
+            }
+            NodeReason::InsufficientGpuShare => {
+                return short_of(
+                    f,
+                    n,
+                    ("", " with enough free compute share"),
+                    "no GPU with enough free compute share",
+                );
+            }
+            NodeReason::InsufficientGpuMemory => {
+                return short_of(
+                    f,
+                    n,
+                    ("", " with enough free GPU memory"),
+                    "no GPU with enough free GPU memory",
+                );
+            }
             NodeReason::GpusFenced(Fence::Unreported) => {
-                "GPUs another scheduler's pod may hold (not yet reported by the node's agent)"
+                "node(s) had GPUs another scheduler's pod may hold (not yet reported by the node's agent)"
             }
             NodeReason::GpusFenced(Fence::HeldByUnknownPod) => {
-                "GPUs still held by a departed pod (not yet released by the node's agent)"
+                "node(s) had GPUs still held by a departed pod (not yet released by the node's agent)"
             }
             NodeReason::GpusFenced(Fence::Refused) => {
-                "GPUs the node refused at admission (until its agent reports them free)"
+                "node(s) had GPUs the node refused at admission (until its agent reports them free)"
             }
-            NodeReason::InsufficientWholeGpus => "too few free whole GPUs",
-            NodeReason::InsufficientGpuShare => "insufficient free GPU share on any single GPU",
-            NodeReason::InsufficientGpuMemory => "insufficient GPU memory on any single GPU",
-            NodeReason::UntoleratedTaint(t) => return write!(f, "untolerated taint {t}"),
-            NodeReason::VolumeNodeAffinity => "volume node affinity conflict",
-            NodeReason::TooManyPods => "too many pods",
-            NodeReason::InsufficientResource(r) => return write!(f, "insufficient {r}"),
-            NodeReason::HostPorts => "no free ports for the requested pod ports",
-            NodeReason::PodAffinity => "pod affinity rules not met",
-            NodeReason::PodAntiAffinity => "pod anti-affinity rules not met",
-            NodeReason::ExistingAntiAffinity => "existing pods' anti-affinity rules not met",
-            NodeReason::TopologySpread => "pod topology spread constraints not met",
-            NodeReason::TopologySpreadMissingLabel => {
-                "pod topology spread constraints not met (missing required label)"
-            }
-            NodeReason::Fits => "would fit the pod alone",
+            NodeReason::Fits => "node(s) would fit the pod alone",
         })
+    }
+}
+
+impl fmt::Display for NodeReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.for_pod(0, false))
     }
 }
 
@@ -428,8 +507,9 @@ fn fmt_gpus(milli: u64) -> String {
 pub struct PendingExplanation {
     /// Pod UID.
     pub pod: String,
-    /// Human message, e.g. `0/1213 nodes: 812 insufficient GPU memory on any single GPU, 401
-    /// insufficient CPU`.
+    /// Human message: the node-level part first, as kube-scheduler writes it (`0/1213 nodes are
+    /// available: 812 node(s) had no GPU with enough free GPU memory, 401 Insufficient cpu.`),
+    /// then the job-level reason (gang, queue, fair share).
     pub message: String,
     /// Machine-readable reasons with counts (nodes for node reasons, 1 otherwise).
     pub reasons: Vec<(Reason, u32)>,
@@ -472,4 +552,208 @@ pub fn schedule(snapshot: &Snapshot, config: &CycleConfig) -> Decisions {
     let mut engine = Engine::new(snapshot, config);
     engine.run();
     engine.decisions()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every node reason as a pending pod's message counts it: kube-scheduler's words where
+    /// one of its plugins reports the same failure, the pod's GPU count in the GPU reasons.
+    #[test]
+    fn node_reasons_in_kube_schedulers_words() {
+        let rows: Vec<(NodeReason, u32, bool, &str)> = vec![
+            (
+                NodeReason::Unschedulable,
+                0,
+                false,
+                "node(s) were unschedulable",
+            ),
+            (
+                NodeReason::NodeSelector,
+                0,
+                false,
+                "node(s) didn't match Pod's node affinity/selector",
+            ),
+            (NodeReason::InsufficientCpu, 0, false, "Insufficient cpu"),
+            (
+                NodeReason::InsufficientMemory,
+                0,
+                false,
+                "Insufficient memory",
+            ),
+            (
+                NodeReason::InsufficientResource("example.com/foo".into()),
+                0,
+                false,
+                "Insufficient example.com/foo",
+            ),
+            (NodeReason::TooManyPods, 0, false, "Too many pods"),
+            (
+                NodeReason::UntoleratedTaint("{dedicated: ml}".into()),
+                0,
+                false,
+                "node(s) had untolerated taint {dedicated: ml}",
+            ),
+            (
+                NodeReason::VolumeNodeAffinity,
+                0,
+                false,
+                "node(s) didn't match PersistentVolume's node affinity",
+            ),
+            (
+                NodeReason::HostPorts,
+                0,
+                false,
+                "node(s) didn't have free ports for the requested pod ports",
+            ),
+            (
+                NodeReason::PodAffinity,
+                0,
+                false,
+                "node(s) didn't match pod affinity rules",
+            ),
+            (
+                NodeReason::PodAntiAffinity,
+                0,
+                false,
+                "node(s) didn't match pod anti-affinity rules",
+            ),
+            (
+                NodeReason::ExistingAntiAffinity,
+                0,
+                false,
+                "node(s) didn't satisfy existing pods anti-affinity rules",
+            ),
+            (
+                NodeReason::TopologySpread,
+                0,
+                false,
+                "node(s) didn't match pod topology spread constraints",
+            ),
+            (
+                NodeReason::TopologySpreadMissingLabel,
+                0,
+                false,
+                "node(s) didn't match pod topology spread constraints (missing required label)",
+            ),
+            (NodeReason::NoGpus, 8, false, "node(s) had no GPUs"),
+            (
+                NodeReason::GpuModel,
+                1,
+                false,
+                "node(s) didn't have the GPU model the pod accepts",
+            ),
+            (
+                NodeReason::TooFewGpus,
+                8,
+                false,
+                "node(s) had fewer than 8 GPUs",
+            ),
+            (
+                NodeReason::TooFewGpus,
+                1,
+                false,
+                "node(s) had only GPUs in MIG mode",
+            ),
+            (
+                NodeReason::TooFewGpus,
+                2,
+                true,
+                "node(s) had fewer than 2 GPUs in MIG mode",
+            ),
+            (
+                NodeReason::TooFewGpus,
+                1,
+                true,
+                "node(s) had no GPU in MIG mode",
+            ),
+            (
+                NodeReason::TooFewGpus,
+                0,
+                false,
+                "node(s) had fewer GPUs than the pod requests",
+            ),
+            (
+                NodeReason::TooFewHealthyGpus,
+                8,
+                false,
+                "node(s) had fewer than 8 healthy GPUs",
+            ),
+            (
+                NodeReason::TooFewHealthyGpus,
+                1,
+                false,
+                "node(s) had no healthy GPU",
+            ),
+            (
+                NodeReason::InsufficientWholeGpus,
+                8,
+                false,
+                "node(s) had fewer than 8 free GPUs",
+            ),
+            (
+                NodeReason::InsufficientWholeGpus,
+                1,
+                false,
+                "node(s) had no free GPU",
+            ),
+            (
+                NodeReason::InsufficientGpuShare,
+                1,
+                false,
+                "node(s) had no GPU with enough free compute share",
+            ),
+            (
+                NodeReason::InsufficientGpuShare,
+                2,
+                false,
+                "node(s) had fewer than 2 GPUs with enough free compute share",
+            ),
+            (
+                NodeReason::InsufficientGpuMemory,
+                1,
+                false,
+                "node(s) had no GPU with enough free GPU memory",
+            ),
+            (
+                NodeReason::InsufficientGpuMemory,
+                4,
+                false,
+                "node(s) had fewer than 4 GPUs with enough free GPU memory",
+            ),
+            (
+                NodeReason::GpusFenced(Fence::Unreported),
+                1,
+                false,
+                "node(s) had GPUs another scheduler's pod may hold (not yet reported by the node's agent)",
+            ),
+            (
+                NodeReason::GpusFenced(Fence::HeldByUnknownPod),
+                1,
+                false,
+                "node(s) had GPUs still held by a departed pod (not yet released by the node's agent)",
+            ),
+            (
+                NodeReason::GpusFenced(Fence::Refused),
+                1,
+                false,
+                "node(s) had GPUs the node refused at admission (until its agent reports them free)",
+            ),
+            (
+                NodeReason::Fits,
+                1,
+                false,
+                "node(s) would fit the pod alone",
+            ),
+        ];
+        for (reason, gpus, mig, want) in rows {
+            assert_eq!(reason.for_pod(gpus, mig).to_string(), want, "{reason:?}");
+        }
+        // Without a pod, the words without a count.
+        assert_eq!(
+            Reason::Node(NodeReason::InsufficientWholeGpus).to_string(),
+            "node(s) had too few free whole GPUs"
+        );
+    }
 }

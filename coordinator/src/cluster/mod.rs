@@ -3,7 +3,7 @@
 //!
 //! [`Coordinator::start`] wires the pieces: the [`cache::Cache`] (kube-runtime watchers), the
 //! agent registry and its gRPC service, the Lease-based [`leader`] elector, the operations HTTP
-//! server and the leader-only [`scheduler`] loop. The scheduling core never depends on this
+//! server, the leader-only [`scheduler`] loop and the nodes' GPU labels ([`node_labels`]). The scheduling core never depends on this
 //! module; this module only reads the core's decisions and writes them to the API server.
 
 pub mod agent_gap;
@@ -13,6 +13,7 @@ pub mod events;
 pub mod gate;
 pub mod gpu_view;
 pub mod leader;
+pub mod node_labels;
 pub mod node_pods;
 pub mod occupancy;
 mod plan;
@@ -85,6 +86,9 @@ pub struct CoordinatorConfig {
     /// A node whose agent is silent this long (or never connected, or disconnected) gets no
     /// new GPU pods: its GPUs count as unhealthy; pods already there still count.
     pub agent_timeout: Duration,
+    /// How long a node's agent may be missing (after this replica began to lead, the node
+    /// appeared, or the agent's stream closed) before pending GPU pods' messages say so.
+    pub agent_grace: Duration,
     /// A cycle runs at least this often, and whenever the cache or the agents changed.
     pub cycle_interval: Duration,
     /// Scheduling core settings.
@@ -120,6 +124,7 @@ impl Default for CoordinatorConfig {
             metrics_listen: None,
             authenticator: Authenticator::Disabled,
             agent_timeout: Duration::from_secs(30),
+            agent_grace: agent_gap::DEFAULT_AGENT_GRACE,
             cycle_interval: Duration::from_secs(1),
             cycle: CycleConfig::default(),
             bind_wait_timeout: Duration::from_secs(120),
@@ -215,6 +220,14 @@ impl Coordinator {
             }));
         }
 
+        // Nodes' GPU labels, written by the leader only (through the write gate).
+        let labeller = node_labels::Labeller::new(
+            gate::gated(client.clone(), is_leader.clone()),
+            cache.clone(),
+            registry.clone(),
+            is_leader.clone(),
+        );
+        tasks.push(tokio::spawn(labeller.run(shutdown_rx.clone())));
         tasks.push(tokio::spawn(gpu_view::run(
             gate::gated(client.clone(), is_leader.clone()),
             cache.clone(),
@@ -331,5 +344,29 @@ impl CoordinatorHandle {
         for t in self.tasks {
             t.abort();
         }
+    }
+}
+
+/// An agent's record as the registry keeps it, for tests of what the cluster layer makes of
+/// agents: `gpus` reported, the stream open or not, last heard from at `last_seen`.
+#[cfg(test)]
+pub(crate) fn test_agent(
+    node: &str,
+    gpus: Vec<tessera_core::model::Gpu>,
+    connected: bool,
+    last_seen: std::time::Instant,
+) -> crate::agents::AgentNode {
+    crate::agents::AgentNode {
+        node: node.into(),
+        agent_version: String::new(),
+        protocol_version: 2,
+        gpus,
+        shares_per_gpu: 10,
+        occupancy: Default::default(),
+        health_reasons: Default::default(),
+        allocated_pods: Default::default(),
+        occupancy_reports: 0,
+        connected,
+        last_seen,
     }
 }

@@ -40,6 +40,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::CoordinatorConfig;
+use super::agent_gap::AgentWait;
 use super::binder::{BindTarget, Binder, EvictTarget};
 use super::cache::{Cache, Store};
 use super::events::EventWriter;
@@ -78,6 +79,8 @@ pub struct Scheduler {
     /// Which pods changed since the refusals last looked.
     refusal_log: super::pod_log::PodLog,
     leader: watch::Receiver<bool>,
+    /// Since when each node's agent may be called missing in pending pods' messages.
+    agent_wait: AgentWait,
 }
 
 impl Scheduler {
@@ -111,6 +114,7 @@ impl Scheduler {
             node_pods,
             refusals: Refusals::default(),
             refusal_log: cache.pod_log(),
+            agent_wait: AgentWait::new(config.agent_grace),
             config,
             cache,
             registry,
@@ -137,6 +141,8 @@ impl Scheduler {
                 self.term += 1;
                 if leading {
                     tracing::info!(identity = %self.config.identity, "leading: scheduling");
+                    // Agents connect only to the leader: each has its grace period from now.
+                    self.agent_wait.leading(Instant::now());
                     // Occupancy may have changed while another replica led.
                     self.registry.resync_all("a new coordinator leads");
                 } else {
@@ -235,6 +241,7 @@ impl Scheduler {
         let mut keep = self.planner.decided();
         keep.extend(nominated);
         self.record(&decisions);
+        let overdue = self.agent_wait.overdue(&store, &agents, Instant::now());
         self.status.submit(StatusJob {
             term: self.term,
             store,
@@ -243,6 +250,7 @@ impl Scheduler {
             bound: bound_now,
             waiting,
             keep,
+            overdue,
         });
     }
 

@@ -21,7 +21,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use super::agent_gap::AgentGap;
+use super::agent_gap::{self, AgentGap, Overdue};
 use super::cache::Store;
 use super::events::{self, EventKind, EventWriter};
 use super::occupancy;
@@ -126,19 +126,21 @@ impl StatusWriter {
     }
 
     /// Writes everything that changed after one cycle. `bound` holds the pods bound (or held
-    /// for binding) by this cycle, which count as scheduled in PodGroup status.
+    /// for binding) by this cycle, which count as scheduled in PodGroup status; `overdue` the
+    /// nodes whose missing agent messages may name (their grace period is over).
     pub async fn update(
         &mut self,
         store: &Store,
         translated: &Translated,
         decisions: &Decisions,
         bound: &BTreeSet<String>,
+        overdue: &Overdue,
     ) {
         self.pod_messages
             .retain(|uid, _| store.pods.contains_key(uid));
         self.pod_warnings
             .retain(|uid, _| store.pods.contains_key(uid));
-        let gap = AgentGap::of(store, &translated.snapshot.nodes);
+        let gap = AgentGap::of(store, &translated.snapshot.nodes, overdue);
         // Only a cycle with a gap to explain pays for the set of GPU pods.
         let asks_gpus: BTreeSet<&str> = if gap == AgentGap::None {
             BTreeSet::new()
@@ -169,7 +171,7 @@ impl StatusWriter {
                 });
                 let notes = occupancy::notes_for(&translated.gpu_fences, fenced, FENCE_NOTES_SHOWN);
                 if !notes.is_empty() {
-                    message = format!("{message}; {}", notes.join("; "));
+                    message = agent_gap::then(&message, &notes.join("; "));
                 }
                 let gated = p
                     .reasons

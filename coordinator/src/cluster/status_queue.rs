@@ -15,6 +15,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use super::agent_gap::Overdue;
 use super::cache::Store;
 use super::status::StatusWriter;
 use crate::translate::Translated;
@@ -37,6 +38,8 @@ pub(super) struct StatusJob {
     pub waiting: BTreeMap<String, String>,
     /// Pods whose nomination is left as it is (decided, about to be bound).
     pub keep: BTreeSet<String>,
+    /// Nodes whose missing agent messages may name.
+    pub overdue: Overdue,
 }
 
 /// The one task writing status, and the slot holding its next job.
@@ -67,7 +70,13 @@ impl StatusQueue {
                     .nominations(&job.store, &scheduler_name, &job.waiting, &job.keep)
                     .await;
                 writer
-                    .update(&job.store, &job.translated, &job.decisions, &job.bound)
+                    .update(
+                        &job.store,
+                        &job.translated,
+                        &job.decisions,
+                        &job.bound,
+                        &job.overdue,
+                    )
                     .await;
             }
         });

@@ -111,6 +111,8 @@ impl Env {
             },
             registry: Some(self.registry.clone()),
             agent_timeout: Duration::from_secs(3600),
+            // Missing agents are named at once: these tests are about what is said of them.
+            agent_grace: Duration::ZERO,
             cycle_interval: Duration::from_millis(200),
             bind_call_timeout: Duration::from_secs(2),
             ..CoordinatorConfig::default()
@@ -572,6 +574,37 @@ async fn gpu_pods_say_that_no_agent_reports_when_none_does() {
     drop(env);
 }
 
+/// Right after a coordinator starts, agents are still reconnecting: within the grace period a
+/// GPU pod is told the core's reason, not that no agent reports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_agents_are_not_blamed_within_the_grace_period() {
+    let mut env = env().await;
+    let mut quiet = NodeOptions::new("quiet");
+    quiet
+        .labels
+        .insert("nvidia.com/gpu.present".to_owned(), "true".to_owned());
+    env.nodes.push(LiteNode::start(&env.server, quiet));
+    let config = CoordinatorConfig {
+        agent_grace: Duration::from_secs(3600),
+        ..env.config("c1")
+    };
+    let coordinator = Coordinator::start(env.client.clone(), config)
+        .await
+        .unwrap();
+    env.create_pod("waits", 1, json!({}), json!({})).await;
+    let message = eventually("the core's reason: no GPUs reported", || async {
+        let m = unschedulable_message(&env.get("waits").await?)?;
+        m.contains("node(s) had no GPUs").then_some(m)
+    })
+    .await;
+    assert_eq!(
+        message, "0/1 nodes are available: 1 node(s) had no GPUs.",
+        "no agent is named while agents may still be connecting"
+    );
+    coordinator.shutdown().await;
+    drop(env);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpu_pods_name_the_gpu_nodes_whose_agent_is_silent() {
     let mut env = env().await;
@@ -599,7 +632,7 @@ async fn gpu_pods_name_the_gpu_nodes_whose_agent_is_silent() {
     assert!(!message.starts_with("no tessera-agent"), "{message}");
     assert!(
         message.contains(
-            "; no tessera-agent is reporting from 1 GPU node (quiet), so its GPUs are not counted"
+            ". no tessera-agent is reporting from 1 GPU node (quiet), so its GPUs are not counted"
         ),
         "{message}"
     );

@@ -93,6 +93,6 @@ async fn init_and_several_gpu_containers_get_what_the_kubelet_hands_them() {
     // The node is full as the coordinator counts it too: one more GPU pod waits.
     e2e.create(pod("one-more").gpus(1)).await;
     let message = e2e.wait_unschedulable("one-more").await;
-    assert!(message.contains("too few free whole GPUs"), "{message}");
+    assert!(message.contains("1 node(s) had no free GPU"), "{message}");
     e2e.shutdown().await;
 }

@@ -267,7 +267,7 @@ async fn default_scheduler_gpu_pods_are_routed_and_none_fails_admission() {
     assert!(
         pending
             .iter()
-            .all(|m| m.contains("0/1 nodes") && m.contains("too few free whole GPUs")),
+            .all(|m| m.starts_with("0/1 nodes are available: 1 node(s) had no free GPU.")),
         "{pending:?}"
     );
 

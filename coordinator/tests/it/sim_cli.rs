@@ -251,7 +251,7 @@ fn replay_explain_says_why_each_job_waited_and_what_parents_hold() {
     assert!(out.contains("  y (b), arrived 10, started 100:"), "{out}");
     assert!(out.contains("Parent queues over time"), "{out}");
     // Nothing can be evicted (x is not preemptible), so the nodes are the whole reason.
-    let reason = "0/1 nodes: 1 too few free whole GPUs";
+    let reason = "0/1 nodes are available: 1 node(s) had fewer than 2 free GPUs.";
     assert!(
         out.contains(&format!("10 s, cycle 2: y-0: {reason}")),
         "{out}"

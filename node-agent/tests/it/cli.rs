@@ -235,3 +235,52 @@ fn json_logs_are_one_object_per_line_in_the_coordinators_layout() {
         );
     }
 }
+
+/// `tessera-agent run` with its log redirected to a file (as a container runtime collects it),
+/// before any coordinator answers: the text log carries no ANSI escape (colour is for
+/// terminals only) and says once what it waits for; `--log-format json` writes one JSON object
+/// per line.
+#[tokio::test]
+async fn a_log_file_has_no_colour_codes_and_json_lines_parse() {
+    let dir = tempfile::tempdir().unwrap();
+    // A coordinator address nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap();
+    for format in ["text", "json"] {
+        let run = dir.path().join(format);
+        std::fs::create_dir_all(run.join("dp")).unwrap();
+        let log = run.join("agent.log");
+        let mut command = AgentProcess::command(&run, "l40s-4x-pcie.yaml", &closed.to_string());
+        command
+            .args(["--coordinator-token-file", "none", "--log-format", format])
+            .env("RUST_LOG", "info")
+            .env_remove("NO_COLOR")
+            .stderr(std::fs::File::create(&log).unwrap());
+        let agent = AgentProcess::start(command);
+        let deadline = std::time::Instant::now() + WAIT * 4;
+        let logged = loop {
+            let logged = std::fs::read_to_string(&log).unwrap_or_default();
+            if logged.contains("waiting for the coordinator") {
+                break logged;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no word about the coordinator in the {format} log:\n{logged}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        drop(agent);
+        assert!(
+            !logged.contains('\u{1b}'),
+            "an ANSI escape in a {format} log written to a file:\n{logged}"
+        );
+        if format == "json" {
+            for line in logged.lines().filter(|l| l.ends_with('}')) {
+                let value: serde_json::Value =
+                    serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+                assert!(value["level"].is_string(), "{line}");
+            }
+        }
+    }
+}

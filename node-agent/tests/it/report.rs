@@ -66,6 +66,18 @@ impl AgentService for Coordinator {
 }
 
 impl Coordinator {
+    /// Serves `tessera.v1` on `listener` in the background.
+    fn serve(&self, listener: tokio::net::TcpListener) {
+        let server = self.clone();
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(AgentServiceServer::new(server))
+                .serve_with_incoming(TcpListenerStream::new(listener))
+                .await
+                .unwrap();
+        });
+    }
+
     async fn wait_for(&self, what: &str, f: impl Fn(&[pb::agent_message::Body]) -> bool) {
         let mut rx = self.events.subscribe();
         let ok = tokio::time::timeout(WAIT, async {
@@ -95,14 +107,7 @@ async fn reports_inventory_occupancy_health_and_reconnects() {
     let coordinator = Coordinator::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let server = coordinator.clone();
-    tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(AgentServiceServer::new(server))
-            .serve_with_incoming(TcpListenerStream::new(listener))
-            .await
-            .unwrap();
-    });
+    coordinator.serve(listener);
 
     let mut h = Harness::start("a100-8x-mig.yaml", Arc::new(NoAssignments)).await;
     h.stop_agent().await;
@@ -171,4 +176,59 @@ async fn reports_inventory_occupancy_health_and_reconnects() {
     coordinator
         .wait_for("a second Hello", |s| hellos(s).len() >= 2)
         .await;
+}
+
+/// Lines of `captured` that `f` accepts.
+fn count(captured: &tessera_logs::Captured, f: impl Fn(&str) -> bool) -> usize {
+    captured.text().lines().filter(|l| f(l)).count()
+}
+
+/// An agent started before its coordinator (the normal order of a rollout) says once at WARN
+/// what it waits for, retries quietly (debug) with backoff, and connects when the coordinator
+/// appears. The current-thread runtime keeps every task of the agent under this test's logs.
+#[tokio::test]
+async fn an_agent_started_before_its_coordinator_warns_once_and_connects_when_it_appears() {
+    let lines = tessera_logs::Captured::default();
+    let sink = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || sink.clone())
+        .with_ansi(false)
+        .with_env_filter("tessera_agent=debug")
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    // A port nothing listens on yet.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap();
+    let mut h = Harness::start("l40s-4x-pcie.yaml", Arc::new(NoAssignments)).await;
+    h.stop_agent().await;
+    let mut config = h.config(Arc::new(NoAssignments));
+    config.coordinator = Some(format!("http://{addr}"));
+    h.agent = Some(tessera_agent::agent::Agent::start(config).await.unwrap());
+
+    let retries = |l: &str| l.contains("DEBUG") && l.contains("coordinator not reached again");
+    let waited = tokio::time::timeout(WAIT, async {
+        while count(&lines, retries) < 3 {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "three quiet retries:\n{}", lines.text());
+
+    // The coordinator appears on that address.
+    let coordinator = Coordinator::default();
+    coordinator.serve(tokio::net::TcpListener::bind(addr).await.unwrap());
+    coordinator
+        .wait_for("a Hello", |s| !hellos(s).is_empty())
+        .await;
+    let text = lines.text();
+    let warns: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(" WARN ") && l.contains("tessera_agent::report"))
+        .collect();
+    assert_eq!(warns.len(), 1, "{text}");
+    assert!(
+        warns[0].contains("waiting for the coordinator") && warns[0].contains(&addr.to_string()),
+        "{text}"
+    );
 }

@@ -358,14 +358,11 @@ impl<'a> Ctx<'a> {
                 }
                 _ => {}
             }
+            // More GPUs than any node has healthy: nothing can place the pod now, so it takes
+            // no part in the cycle. It is no input error (a larger node may join, or a GPU
+            // heal): its message counts the nodes as for any pod (`explain`).
             if p.gpu.count > self.max_node_gpus {
-                return Some(Reason::InvalidInput {
-                    field: keys::GPU_RESOURCE.into(),
-                    message: format!(
-                        "{} GPUs requested but the largest node has {} healthy GPUs",
-                        p.gpu.count, self.max_node_gpus
-                    ),
-                });
+                return Some(Reason::Node(NodeReason::TooFewGpus));
             }
         }
         match queue {

@@ -1,6 +1,7 @@
-//! Explanations for pending pods: the job-level reason, then node-level failure counts on the
-//! final state (`0/1213 nodes: 812 insufficient GPU memory on any single GPU, 401 insufficient
-//! CPU`). Node counts are computed once per distinct demand.
+//! Explanations for pending pods, in kube-scheduler's order and words: node-level failure
+//! counts on the final state first (`0/1213 nodes are available: 812 node(s) had no GPU with
+//! enough free GPU memory, 401 Insufficient cpu.`), then the job-level reason (gang, queue,
+//! fair share). Node counts are computed once per distinct demand.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -126,8 +127,11 @@ impl Engine<'_> {
         sorted_counts(counts)
     }
 
-    /// The node-level part of the explanation for counts `counts` over `total` nodes.
-    fn node_part(counts: Vec<(NodeReason, u32)>, total: usize) -> NodePart {
+    /// The node-level part of the explanation for counts `counts` over `total` nodes, for pods
+    /// of demand `d`: as kube-scheduler's FitError writes it ("0/4 nodes are available: 3
+    /// Insufficient cpu, 1 node(s) didn't match Pod's node affinity/selector."), the failures
+    /// most frequent first.
+    fn node_part(counts: Vec<(NodeReason, u32)>, total: usize, d: &PodDemand) -> NodePart {
         let fit = counts
             .iter()
             .find(|c| c.0 == NodeReason::Fits)
@@ -135,16 +139,18 @@ impl Engine<'_> {
         let mut fails = counts.iter().filter(|c| c.0 != NodeReason::Fits).peekable();
         let any_fail = fails.peek().is_some();
         let text = (fit == 0 || any_fail).then(|| {
-            let mut t = format!("{fit}/{total} nodes: ");
-            if !any_fail {
-                t.push_str("no nodes");
+            if total == 0 {
+                // kube-scheduler's words for a cluster without nodes.
+                return "no nodes available to schedule pods.".to_owned();
             }
+            let mut t = format!("{fit}/{total} nodes are available: ");
             for (k, (r, c)) in fails.enumerate() {
                 if k > 0 {
                     t.push_str(", ");
                 }
-                let _ = write!(t, "{c} {r}");
+                let _ = write!(t, "{c} {}", r.for_pod(d.gpu_count, d.mig));
             }
+            t.push('.');
             t
         });
         NodePart {
@@ -172,7 +178,12 @@ impl Engine<'_> {
                 continue;
             }
             let info = &self.ctx.pods[i];
-            if let Some(r) = &info.invalid {
+            // A pod larger than every node is explained by the node counts alone.
+            if let Some(r) = info
+                .invalid
+                .as_ref()
+                .filter(|r| !matches!(r, Reason::Node(_)))
+            {
                 out.push(PendingExplanation {
                     pod: pod.uid.clone(),
                     message: r.to_string(),
@@ -182,18 +193,21 @@ impl Engine<'_> {
             }
             let own;
             let part = if info.dynamic {
-                own = Self::node_part(self.node_counts(i as u32), total);
+                own = Self::node_part(self.node_counts(i as u32), total, &info.demand);
                 &own
             } else {
                 cache.entry(info.demand).or_insert_with(|| {
                     let classes = classes.get_or_insert_with(|| NodeClasses::of(&self.st.nodes));
-                    Self::node_part(self.static_node_counts(i as u32, classes), total)
+                    Self::node_part(
+                        self.static_node_counts(i as u32, classes),
+                        total,
+                        &info.demand,
+                    )
                 })
             };
             let note = self.notes[i].as_ref();
             let not_reached = part.fit > 0 && note.is_none();
             let mut reasons: Vec<(Reason, u32)> = Vec::with_capacity(part.reasons.len() + 1);
-            // The parts (note, node text, not reached) joined with "; ".
             if let Some(n) = note
                 && last_note.as_ref().is_none_or(|(r, _)| *r != n)
             {
@@ -206,22 +220,22 @@ impl Engine<'_> {
                     + if not_reached { NOT_REACHED_LEN } else { 0 }
                     + 4,
             );
-            let mut parts = 0;
-            if let (Some(n), Some(t)) = (note, note_text) {
-                message.push_str(t);
-                reasons.push((n.clone(), 1));
-                parts += 1;
-            }
+            // kube-scheduler's order: the node-level filter reasons first (its FitError), then
+            // what the job and its queue wait for (as its PostFilter's message follows), so a
+            // pod no node accepts says so before it says anything about fair share.
             if let Some(t) = &part.text {
-                if parts > 0 {
-                    message.push_str("; ");
+                message.push_str(t);
+            }
+            if let (Some(n), Some(t)) = (note, note_text) {
+                if !message.is_empty() {
+                    message.push(' ');
                 }
                 message.push_str(t);
-                parts += 1;
+                reasons.push((n.clone(), 1));
             }
             if not_reached {
-                if parts > 0 {
-                    message.push_str("; ");
+                if !message.is_empty() {
+                    message.push(' ');
                 }
                 let _ = write!(message, "{}", Reason::NotReached);
                 reasons.push((Reason::NotReached, 1));

@@ -487,18 +487,28 @@ impl Engine<'_> {
                 };
                 let req = self.request_of(&gang);
                 let floor = self.request_floor_of(&gang);
+                let reclaimable = if floor[0] > 0 {
+                    self.reclaimable_gpu(q, req)
+                } else {
+                    0
+                };
                 if !self.within_fair(q, req)
                     || self.over_limit(q, floor).is_some()
-                    || (floor[0] > 0
-                        && self.reclaimable_gpu(q, req) + self.st.index.free_gpu_milli() < floor[0])
+                    || (floor[0] > 0 && reclaimable + self.st.index.free_gpu_milli() < floor[0])
                 {
                     continue;
                 }
-                let blocked = Reason::NoReclaimVictims {
-                    queue: self.ctx.tree.nodes[q].name.clone(),
-                };
+                // Said only where another queue holds GPUs it could give back: with nothing
+                // to reclaim, fair share is not why the pod waits, and the message would send
+                // its reader to the wrong cause.
+                let blocked =
+                    (floor[0] == 0 || reclaimable > 0).then(|| Reason::NoReclaimVictims {
+                        queue: self.ctx.tree.nodes[q].name.clone(),
+                    });
                 if self.victim_search_failed(&gang, Mode::Reclaim(q)) {
-                    gang.iter().for_each(|&p| self.note(p, blocked.clone()));
+                    if let Some(blocked) = &blocked {
+                        gang.iter().for_each(|&p| self.note(p, blocked.clone()));
+                    }
                     continue;
                 }
                 tried += 1;
@@ -511,7 +521,9 @@ impl Engine<'_> {
                 self.reclaim_gang.clear();
                 self.record_victim_search(&gang, Mode::Reclaim(q), ok);
                 if !ok {
-                    gang.iter().for_each(|&p| self.note(p, blocked.clone()));
+                    if let Some(blocked) = &blocked {
+                        gang.iter().for_each(|&p| self.note(p, blocked.clone()));
+                    }
                     self.note_budget_block(&gang);
                 }
                 self.budget_blocked.clear();

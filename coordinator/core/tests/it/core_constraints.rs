@@ -135,7 +135,7 @@ fn required_node_affinity_picks_the_named_node_or_waits() {
     assert_eq!(node_of(&d, "nowhere"), None);
     assert_eq!(
         pending_msg(&d, "nowhere"),
-        "0/3 nodes: 3 node affinity/selector mismatch"
+        "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."
     );
 }
 
@@ -236,7 +236,7 @@ fn taints_keep_pods_out_unless_tolerated() {
     let d = run(&s.clone().pod(Pod::new("p", "default").gpus(1)));
     assert_eq!(
         pending_msg(&d, "p"),
-        "0/2 nodes: 1 untolerated taint {dedicated: ml}, 1 untolerated taint {maintenance: }"
+        "0/2 nodes are available: 1 node(s) had untolerated taint {dedicated: ml}, 1 node(s) had untolerated taint {maintenance: }."
     );
 }
 
@@ -259,7 +259,10 @@ fn cordoned_nodes_take_only_pods_that_tolerate_the_cordon() {
     a.schedulable = false;
     let s = cluster(vec![a]);
     let d = run(&s.clone().pod(Pod::new("p", "default").gpus(1)));
-    assert_eq!(pending_msg(&d, "p"), "0/1 nodes: 1 node unschedulable");
+    assert_eq!(
+        pending_msg(&d, "p"),
+        "0/1 nodes are available: 1 node(s) were unschedulable."
+    );
     let tolerant = tolerate(
         Pod::new("p", "default").gpus(1),
         "node.kubernetes.io/unschedulable",
@@ -287,7 +290,7 @@ fn required_anti_affinity_spreads_pods_and_the_rest_wait() {
     // Both nodes hold a web pod: w3's own anti-affinity rejects both, and so do theirs.
     assert_eq!(
         pending_msg(&d, "w3"),
-        "0/2 nodes: 2 existing pods' anti-affinity rules not met"
+        "0/2 nodes are available: 2 node(s) didn't satisfy existing pods anti-affinity rules."
     );
 }
 
@@ -333,7 +336,7 @@ fn required_affinity_follows_the_matching_pod_and_a_self_affine_series_may_start
     let d = run(&three_nodes().pod(lonely));
     assert_eq!(
         pending_msg(&d, "lonely"),
-        "0/3 nodes: 3 pod affinity rules not met"
+        "0/3 nodes are available: 3 node(s) didn't match pod affinity rules."
     );
 }
 
@@ -425,7 +428,7 @@ fn spread_counts_running_pods_and_honours_min_domains() {
     let d = run(&with_c);
     assert_eq!(
         pending_msg(&d, "next"),
-        "0/3 nodes: 3 pod topology spread constraints not met",
+        "0/3 nodes are available: 3 node(s) didn't match pod topology spread constraints.",
         "{:?} {:?}",
         d.bindings,
         d.evictions
@@ -443,7 +446,7 @@ fn spread_counts_running_pods_and_honours_min_domains() {
     let d = run(&cluster(vec![bare]).pod(only_bare));
     assert_eq!(
         pending_msg(&d, "next"),
-        "0/1 nodes: 1 pod topology spread constraints not met (missing required label)"
+        "0/1 nodes are available: 1 node(s) didn't match pod topology spread constraints (missing required label)."
     );
 }
 
@@ -462,8 +465,9 @@ fn host_ports_extended_resources_and_pod_count() {
         .pod(holder.clone())
         .pod(wants.clone());
     assert!(
-        pending_msg(&run(&s), "wants")
-            .ends_with("0/1 nodes: 1 no free ports for the requested pod ports"),
+        pending_msg(&run(&s), "wants").starts_with(
+            "0/1 nodes are available: 1 node(s) didn't have free ports for the requested pod ports."
+        ),
         "{}",
         pending_msg(&run(&s), "wants")
     );
@@ -482,14 +486,17 @@ fn host_ports_extended_resources_and_pod_count() {
     let d = run(&cluster(vec![a.clone()]).pod(foo("big", 3)));
     assert_eq!(
         pending_msg(&d, "big"),
-        "0/1 nodes: 1 insufficient example.com/foo"
+        "0/1 nodes are available: 1 Insufficient example.com/foo."
     );
     let d = run(&cluster(vec![a])
         .pod(foo("one", 1))
         .pod(foo("two", 1))
         .pod(Pod::new("three", "default")));
     assert_eq!(d.bindings.len(), 2);
-    assert_eq!(pending_msg(&d, "three"), "0/1 nodes: 1 too many pods");
+    assert_eq!(
+        pending_msg(&d, "three"),
+        "0/1 nodes are available: 1 Too many pods."
+    );
 }
 
 #[test]
@@ -506,7 +513,7 @@ fn volume_node_affinity_pins_the_pod() {
     let d = run(&three_nodes().pod(p));
     assert_eq!(
         pending_msg(&d, "p"),
-        "0/3 nodes: 3 volume node affinity conflict"
+        "0/3 nodes are available: 3 node(s) didn't match PersistentVolume's node affinity."
     );
 }
 

@@ -104,7 +104,7 @@ fn gang_is_all_or_nothing() {
     assert_eq!(bound_pods(&d), vec!["g2-0", "g2-1"]);
     assert_eq!(
         pending_msg(&d, "g1-0"),
-        "gang default/g1: its 3 pods do not fit together; 0/3 nodes: 3 too few free whole GPUs"
+        "0/3 nodes are available: 3 node(s) had fewer than 4 free GPUs. gang default/g1: its 3 pods do not fit together"
     );
 }
 
@@ -490,7 +490,7 @@ fn explanation_counts_nodes_per_failed_constraint() {
     let m = pending_msg(&d, "want");
     assert!(
         m.starts_with(
-            "0/3 nodes: 2 insufficient free GPU share on any single GPU, 1 insufficient CPU"
+            "0/3 nodes are available: 2 node(s) had no GPU with enough free compute share, 1 Insufficient cpu."
         ),
         "{m}"
     );
@@ -702,11 +702,7 @@ fn empty_and_degenerate_snapshots_do_not_panic() {
     let d = run(&s);
     assert!(d.bindings.is_empty());
     assert_eq!(d.pending.len(), 2);
-    assert!(
-        pending_msg(&d, "p").contains("nvidia.com/gpu"),
-        "{}",
-        pending_msg(&d, "p")
-    );
+    assert_eq!(pending_msg(&d, "p"), "no nodes available to schedule pods.");
     assert!(pending_msg(&d, "c").contains("queue default does not exist"));
 }
 
@@ -836,7 +832,7 @@ fn reclaim_takes_a_whole_gang_for_a_queue_below_its_deserved_quota() {
 
 /// | n1 8 GPUs | a (quota `qa`), b (quota `qb`) | b runs two gangs of 2 pods × 2 GPUs (gb1 older
 /// than gb2); a's pods are added by the caller.
-fn b_runs_two_gangs(qa: f64, qb: f64) -> Snapshot {
+pub(crate) fn b_runs_two_gangs(qa: f64, qb: f64) -> Snapshot {
     let mut s = Snapshot::at(1000)
         .node(Node::gpu_node("n1", 8, "H100", 80_000))
         .queue(Queue::new("a").gpu(qa, 1.0, -1.0))
@@ -888,7 +884,7 @@ fn reclaim_rule_a_never_takes_a_victim_below_its_deserved_quota() {
     assert!(d.bindings.is_empty());
     assert!(
         pending_msg(&d, "a0").starts_with(
-            "queue a is below its fair share, but no preemptible pod of a queue above its own can be evicted for it without taking that queue below its deserved quota"
+            "0/1 nodes are available: 1 node(s) had no free GPU. queue a is below its fair share, but no preemptible pod of a queue above its own can be evicted for it without taking that queue below its deserved quota"
         ),
         "{}",
         pending_msg(&d, "a0")

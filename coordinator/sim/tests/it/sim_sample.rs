@@ -65,10 +65,11 @@ fn every_job_that_waited_says_why_at_each_cycle() {
         assert!(cycles.windows(2).all(|c| c[0] < c[1]), "{j:?}");
     }
     let eval = out.jobs.iter().find(|j| j.job == "eval-gang").unwrap();
+    // The nodes first, as kube-scheduler says them, then the gang.
+    let first = &eval.waits[0].message;
     assert!(
-        eval.waits[0]
-            .message
-            .starts_with("gang default/eval-gang: its 4 pods do not fit together; "),
+        first.starts_with("0/7 nodes are available: ")
+            && first.ends_with(". gang default/eval-gang: its 4 pods do not fit together"),
         "{:?}",
         eval.waits[0]
     );

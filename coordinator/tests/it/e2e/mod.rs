@@ -573,13 +573,21 @@ impl E2e {
     /// Stops the agent of `node` (its plugin socket goes away, its checkpoint stays) and
     /// starts a new one on the same directories, as a DaemonSet pod restart does.
     pub(crate) async fn restart_agent(&mut self, node: &str) {
+        self.restart_agent_with(node, None).await;
+    }
+
+    /// [`E2e::restart_agent`], the new agent reading another simulated machine (`shape`, YAML
+    /// in the `hack/gpus` format): the node's GPUs change.
+    pub(crate) async fn restart_agent_as(&mut self, node: &str, shape: &str) {
+        self.restart_agent_with(node, Some(shape)).await;
+    }
+
+    async fn restart_agent_with(&mut self, node: &str, shape: Option<&str>) {
+        self.stop_agent(node).await;
         let service = self.service;
         let slot = self.slot_mut(node);
-        if let Some(agent) = slot.agent.take() {
-            agent
-                .stop()
-                .await
-                .unwrap_or_else(|e| panic!("stopping the agent of {node}: {e}"));
+        if let Some(shape) = shape {
+            slot.sim = Arc::new(SimBackend::from_yaml(shape, node).expect("GPU shape parses"));
         }
         start_agent(slot, service).await;
     }

@@ -3,7 +3,9 @@
 //! main paths (bind, fractions, gang with reclaim by eviction, events, pod and CRD status,
 //! the leader Lease, TokenReview of the agent's pod-bound token), the coordinator without
 //! any right to modify a pod (the assignment travels in the Binding) and the agent without
-//! any rule on pods (its node's pods come over its stream). Then the same with one
+//! any rule on pods (its node's pods come over its stream); the coordinator labels nodes with
+//! their GPUs and, under the chart's node-labels admission policy, may change nothing else on
+//! a Node. Then the same with one
 //! verb taken away from each component: the API server answers 403 and the component's
 //! work visibly does not happen.
 
@@ -389,6 +391,117 @@ async fn the_agent_writes_pod_events_with_its_role_and_not_without_create_on_eve
         }
         h.shutdown().await;
     }
+}
+
+/// A Node change the coordinator's ServiceAccount asks for, and whether the API server lets it.
+async fn node_change(client: &kube::Client, patch: serde_json::Value) -> Result<(), kube::Error> {
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Patch, PatchParams};
+    Api::<Node>::all(client.clone())
+        .patch("gpu-0", &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .map(|_| ())
+}
+
+/// The coordinator labels each node with its agent's inventory in GPUs (the only write it
+/// makes to Nodes, by server-side apply under `patch` on nodes) and may change nothing else
+/// on a Node: the chart's node-labels admission policy refuses it another label, an
+/// annotation, a taint or a cordon (403), which RBAC alone would allow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_coordinator_labels_nodes_with_their_gpus_and_may_change_nothing_else() {
+    use k8s_openapi::api::core::v1::Node;
+    let h = Harness::start(Options::new(vec![NodeSpec::new("gpu-0", 4)])).await;
+    let nodes: Api<Node> = Api::all(h.admin.clone());
+    let labels = h
+        .wait_until("gpu-0's GPU labels from its agent", || async {
+            let labels = nodes.get("gpu-0").await.ok()?.metadata.labels?;
+            labels
+                .contains_key("tessera.dev/gpu-count")
+                .then_some(labels)
+        })
+        .await;
+    for (key, value) in [
+        ("nvidia.com/gpu.count", "4"),
+        ("nvidia.com/gpu.product", "A100-80GB"),
+        ("nvidia.com/gpu.memory", "81920"),
+        ("tessera.dev/gpu-count", "4"),
+        ("tessera.dev/gpu-shares-per-gpu", "10"),
+    ] {
+        assert_eq!(
+            labels.get(key).map(String::as_str),
+            Some(value),
+            "{key}: {labels:?}"
+        );
+    }
+
+    let coordinator = h.cluster.service_account(NAMESPACE, COORDINATOR_SA).await;
+    // Its own labels: allowed.
+    node_change(
+        &coordinator,
+        json!({"metadata": {"labels": {"tessera.dev/gpu-count": "4"}}}),
+    )
+    .await
+    .expect("the coordinator writes the GPU labels");
+    // Anything else: refused by the admission policy, naming what it may change.
+    for (what, patch) in [
+        (
+            "another label",
+            json!({"metadata": {"labels": {"example.com/pool": "gpu"}}}),
+        ),
+        (
+            "another label removed",
+            json!({"metadata": {"labels": {"kubernetes.io/hostname": null}}}),
+        ),
+        (
+            "an annotation",
+            json!({"metadata": {"annotations": {"example.com/note": "x"}}}),
+        ),
+        (
+            "a taint",
+            json!({"spec": {"taints": [{"key": "example.com/t", "effect": "NoSchedule"}]}}),
+        ),
+        ("a cordon", json!({"spec": {"unschedulable": true}})),
+        (
+            "a finalizer",
+            json!({"metadata": {"finalizers": ["example.com/hold"]}}),
+        ),
+    ] {
+        match node_change(&coordinator, patch).await {
+            Err(kube::Error::Api(status))
+                if status.code == 403
+                    && status.message.contains("may change only the GPU labels") => {}
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+    // The node is as it was.
+    let after = nodes.get("gpu-0").await.expect("gpu-0");
+    let spec = after.spec.clone().unwrap_or_default();
+    assert!(
+        spec.taints.is_none() && spec.unschedulable.is_none(),
+        "{spec:?}"
+    );
+    h.shutdown().await;
+}
+
+/// Without `patch` on nodes the coordinator's label write is the API server's 403 (the rule
+/// is the labeller's and nothing else's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_patch_on_nodes_the_coordinator_cannot_label_them() {
+    let mut options = Options::new(vec![NodeSpec::new("gpu-0", 1)]);
+    options.edit = |docs| remove_verb(docs, "ClusterRole", COORDINATOR_SA, "nodes", "patch");
+    let h = Harness::start(options).await;
+    let coordinator = h.cluster.service_account(NAMESPACE, COORDINATOR_SA).await;
+    match node_change(
+        &coordinator,
+        json!({"metadata": {"labels": {"tessera.dev/gpu-count": "1"}}}),
+    )
+    .await
+    {
+        Err(kube::Error::Api(status)) if status.code == 403 && status.message.contains("patch") => {
+        }
+        other => panic!("a label without patch on nodes: {other:?}"),
+    }
+    h.shutdown().await;
 }
 
 /// `tessera-viewer`, for people running `kubectl tessera`: reads only, of Tessera's objects and

@@ -249,7 +249,6 @@ impl AgentProcess {
     /// open files limited to `nofile` when given (the shell's `ulimit`, which then `exec`s
     /// the agent, so the child is the agent itself).
     pub(crate) fn spawn(dir: &Path, file: &str, nofile: Option<u32>) -> Self {
-        std::fs::create_dir_all(dir.join("dp")).unwrap();
         let mut command = match nofile {
             Some(n) => {
                 let mut c = Command::new("sh");
@@ -260,9 +259,29 @@ impl AgentProcess {
             }
             None => Command::new(BIN),
         };
+        Self::args(&mut command, dir, file, "none");
+        command.stderr(Stdio::null());
+        Self::start(command)
+    }
+
+    /// The agent binary's command line as [`AgentProcess::spawn`] runs it, reporting to
+    /// `coordinator` (`host:port`, or `none`); stdout and stderr are the caller's to set.
+    pub(crate) fn command(dir: &Path, file: &str, coordinator: &str) -> Command {
+        let mut command = Command::new(BIN);
+        Self::args(&mut command, dir, file, coordinator);
+        command
+    }
+
+    /// Starts `command` (from [`AgentProcess::command`]), its stdout discarded.
+    pub(crate) fn start(mut command: Command) -> Self {
+        Self(command.stdout(Stdio::null()).spawn().unwrap())
+    }
+
+    fn args(command: &mut Command, dir: &Path, file: &str, coordinator: &str) {
+        std::fs::create_dir_all(dir.join("dp")).unwrap();
         command
             .args(["run", "--node-name", "node-a", "--no-kube"])
-            .args(["--coordinator", "none", "--metrics-addr", "none"])
+            .args(["--coordinator", coordinator, "--metrics-addr", "none"])
             .arg("--gpu-backend")
             .arg(format!("sim:{}", shape(file).display()))
             .arg("--device-plugin-dir")
@@ -272,10 +291,7 @@ impl AgentProcess {
             .arg("--state-dir")
             .arg(dir.join("state"))
             .arg("--admin-socket")
-            .arg(dir.join("admin.sock"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        Self(command.spawn().unwrap())
+            .arg(dir.join("admin.sock"));
     }
 
     /// Its process id.
