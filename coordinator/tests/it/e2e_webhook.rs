@@ -193,16 +193,19 @@ async fn default_scheduler_gpu_pods_are_routed_and_none_fails_admission() {
     // delete before that can miss a replacement made meanwhile.
     let sets: Api<k8s_openapi::api::apps::v1::ReplicaSet> =
         Api::namespaced(e2e.client.clone(), "legacy");
-    e2e.wait_until("the unrouted ReplicaSet to observe zero replicas", || async {
-        let all = sets.list(&ListParams::default()).await.ok()?.items;
-        (!all.is_empty()
-            && all.iter().all(|rs| {
-                rs.spec.as_ref().and_then(|s| s.replicas) == Some(0)
-                    && rs.status.as_ref().and_then(|s| s.observed_generation)
-                        == rs.metadata.generation
-            }))
-        .then_some(())
-    })
+    e2e.wait_until(
+        "the unrouted ReplicaSet to observe zero replicas",
+        || async {
+            let all = sets.list(&ListParams::default()).await.ok()?.items;
+            (!all.is_empty()
+                && all.iter().all(|rs| {
+                    rs.spec.replicas == Some(0)
+                        && rs.status.as_ref().and_then(|s| s.observed_generation)
+                            == rs.metadata.generation
+                }))
+            .then_some(())
+        },
+    )
     .await;
     // A ReplicaSet leaves its failed pods behind (pod GC collects them much later).
     legacy_pods
