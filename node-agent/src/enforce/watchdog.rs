@@ -37,6 +37,10 @@ use crate::events::{EventReason, EventSink, PodEvent};
 use crate::gpu::{GpuBackend, GpuProcess};
 use tessera_contract::Isolation;
 
+/// How long after a pod was told it is throttled on a GPU it is not told again: taking hold
+/// again after a dip in demand is the same episode.
+const THROTTLE_RETELL: Duration = Duration::from_secs(300);
+
 /// Watchdog settings (`tessera-agent run --watchdog-interval-ms …`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct WatchdogConfig {
@@ -98,6 +102,11 @@ pub struct Watchdog {
     throttler: Throttler,
     memory: HashMap<Key, MemoryGuard>,
     compute: HashMap<Key, PiController>,
+    /// When each pod was last told it is throttled on a GPU: a controller that lets go in a
+    /// dip of demand and takes hold again is one episode to the pod's owner, not a new Event
+    /// each time (the demand figures in the text differ, so the API server would not
+    /// aggregate them).
+    throttle_told: HashMap<Key, Instant>,
     resumed: bool,
     unknown_seen: HashSet<u32>,
     plan: ThrottlePlan,
@@ -133,6 +142,7 @@ impl Watchdog {
             board,
             memory: HashMap::new(),
             compute: HashMap::new(),
+            throttle_told: HashMap::new(),
             resumed: false,
             unknown_seen: HashSet::new(),
             plan: ThrottlePlan::new(),
@@ -218,6 +228,9 @@ impl Watchdog {
         self.unknown_seen.retain(|pid| seen_pids.contains(pid));
         self.memory.retain(|k, _| live.contains(k));
         self.compute.retain(|k, _| live.contains(k));
+        self.throttle_told.retain(|k, at| {
+            live.contains(k) && now.saturating_duration_since(*at) < THROTTLE_RETELL
+        });
         self.throttler.set(plan.clone());
         self.plan = plan;
         self.board.publish(entries);
@@ -353,15 +366,23 @@ impl Watchdog {
                         let c = PiController::start(self.config.gains, goal, claim.demand / 100.0);
                         self.compute.insert(key.clone(), c);
                         self.board.count(Action::Throttle);
-                        self.emit(
+                        let told = self.throttle_told.get(&key).copied();
+                        if told
+                            .is_some_and(|at| now.saturating_duration_since(at) < THROTTLE_RETELL)
+                        {
+                            c.duty()
+                        } else {
+                            self.throttle_told.insert(key.clone(), now);
+                            self.emit(
                             limit,
                             EventReason::GpuComputeThrottled,
                             format!(
                                 "GPU {gpu} is contended (demand {total:.0}%): this pod wants {:.0}% with a compute share of {:.0}%, so its processes are duty-cycled to about {target:.0}% of the GPU",
                                 claim.demand, claim.share
                             ),
-                        );
-                        c.duty()
+                            );
+                            c.duty()
+                        }
                     }
                 };
                 if duty < FULL_DUTY {
@@ -587,6 +608,61 @@ mod tests {
             compute_milli: milli,
             isolation: Isolation::Watchdog,
         }
+    }
+
+    /// A controller that lets go in a dip of demand and takes hold again is one episode: the
+    /// pod is told once, and again only after [`THROTTLE_RETELL`].
+    #[test]
+    fn a_pod_throttled_again_after_a_dip_is_not_told_again() {
+        let shape = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../hack/gpus/l40s-4x-pcie.yaml"
+        );
+        let sim = Arc::new(SimBackend::from_file(shape).unwrap());
+        let gpu = sim.uuid_of(0).unwrap().to_owned();
+        let root = tempfile::tempdir().unwrap();
+        fake_proc(root.path(), 900_001, X);
+        fake_proc(root.path(), 900_002, Y);
+        let events = Arc::new(RecordedEvents::default());
+        let config = WatchdogConfig::default();
+        let mut w = Watchdog::new(
+            config,
+            sim.clone(),
+            vec![gpu.clone()],
+            root.path(),
+            Arc::new(RecordedSignals::default()),
+            events.clone(),
+            EnforcementBoard::default(),
+        );
+        let limits = [limit("x", X, &gpu, 700), limit("y", Y, &gpu, 300)];
+        let told = || {
+            events
+                .events()
+                .iter()
+                .filter(|e| e.reason == EventReason::GpuComputeThrottled && e.pod_uid == Y)
+                .count()
+        };
+        let t0 = Instant::now();
+        let contend = |w: &mut Watchdog, at: Instant| {
+            sim.set_process(&gpu, 900_001, 500, 100).unwrap();
+            sim.set_process(&gpu, 900_002, 500, 100).unwrap();
+            w.tick(at, &limits);
+        };
+        contend(&mut w, t0);
+        assert_eq!(told(), 1);
+        // y's demand dips: not contended, the controller lets go.
+        sim.set_process(&gpu, 900_002, 500, 5).unwrap();
+        w.tick(t0 + config.interval, &limits);
+        assert!(!w.throttle_plan().contains_key(&format!("{Y}/{gpu}")));
+        // Contended again: throttled, but not told again.
+        contend(&mut w, t0 + config.interval * 2);
+        assert!(w.throttle_plan().contains_key(&format!("{Y}/{gpu}")));
+        assert_eq!(told(), 1);
+        // Much later, a new episode is told.
+        sim.set_process(&gpu, 900_002, 500, 5).unwrap();
+        w.tick(t0 + THROTTLE_RETELL, &limits);
+        contend(&mut w, t0 + THROTTLE_RETELL + config.interval);
+        assert_eq!(told(), 2);
     }
 
     /// The tick's decisions with a fake clock and recorded signals: unknown processes
