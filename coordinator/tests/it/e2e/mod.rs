@@ -355,8 +355,7 @@ impl E2e {
                 parent: parent.map(str::to_owned),
                 gpu: Some(GpuQuota {
                     quota: gpu_quota,
-                    over_quota_weight: 1.0,
-                    limit: -1.0,
+                    ..GpuQuota::default()
                 }),
                 ..QueueSpec::default()
             },
