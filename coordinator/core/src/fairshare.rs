@@ -547,6 +547,43 @@ mod tests {
     }
 
     #[test]
+    fn weight_factors_move_only_the_over_quota_part() {
+        let tree = QueueTree::build(&[q("a", 10.0, 1.0, -1.0), q("b", 10.0, 1.0, -1.0)]);
+        let d = [[1e9, 0.0, 0.0], [1e9, 0.0, 0.0]];
+        let f = [[0.25, 1.0, 1.0], [1.0, 1.0, 1.0]];
+        let s = fair_shares_weighted(&tree, [100_000.0, 0.0, 0.0], &d, Some(&f));
+        assert_eq!(s[0].deserved[0], 10_000.0);
+        assert!(
+            (s[0].fair[0] - (10_000.0 + 80_000.0 * 0.2)).abs() < 1e-6,
+            "{s:?}"
+        );
+        assert!(
+            (s[1].fair[0] - (10_000.0 + 80_000.0 * 0.8)).abs() < 1e-6,
+            "{s:?}"
+        );
+    }
+
+    #[test]
+    fn models_get_their_own_water_fill_and_count_in_the_total_quota() {
+        let tree = QueueTree::build(&[
+            Queue::new("a").gpu_model("H100", 3.0, Some(1.0), -1.0),
+            Queue::new("b")
+                .gpu(1.0, 2.0, -1.0)
+                .gpu_model("H100", 0.0, None, 5.0),
+        ]);
+        assert_eq!(tree.models, ["H100"]);
+        assert_eq!(
+            tree.nodes[0].settings[0].quota, 3000.0,
+            "raised to the model's quota"
+        );
+        let m = model_fair_shares(&tree, &[10_000.0], &[vec![1e9], vec![1e9]], None);
+        assert_eq!(m[0][0].deserved, 3000.0);
+        // The 7 left go 1:2 by weight, b capped at its limit of 5.
+        assert!((m[0][1].fair - 4666.666_666_666_667).abs() < 1e-6, "{m:?}");
+        assert!((m[0][0].fair - 5333.333_333_333_333).abs() < 1e-6, "{m:?}");
+    }
+
+    #[test]
     fn unknown_parent_and_cycle_are_top_level() {
         let tree = QueueTree::build(&[
             q("a", 0.0, 1.0, -1.0).parent("b"),
