@@ -109,10 +109,7 @@ impl<'a> Engine<'a> {
                 }
             }
         }
-        let usage = config
-            .usage
-            .is_on()
-            .then(|| usage_history(&ctx, &st, config));
+        let usage = config.usage.is_on().then(|| usage_history(&ctx, config));
         let factors = usage.as_ref().map(|(_, f)| f.as_slice());
         let shares = fair_shares_weighted(&ctx.tree, ctx.capacity.as_f64(), &demand, factors);
         let model_shares = if ctx.tree.models.is_empty() {
@@ -381,6 +378,14 @@ impl<'a> Engine<'a> {
         shares.sort_by(|a, b| a.queue.cmp(&b.queue));
         out.fair_shares = shares;
         if let Some((used, _)) = &self.usage {
+            let holding = held_by_queues(&self.ctx, |i| {
+                let evicted = self.st.orig_bound[i] && self.st.placed[i].is_none();
+                if snap.pods[i].placement.is_some() {
+                    (!evicted).then_some(None)
+                } else {
+                    self.st.placed[i].as_ref().map(Some)
+                }
+            });
             let mut usage: Vec<QueueUsage> = self
                 .ctx
                 .tree
@@ -391,7 +396,7 @@ impl<'a> Engine<'a> {
                     queue: n.name.clone(),
                     at: snap.now,
                     used: used[q],
-                    holding: Some(self.alloc_of(q)),
+                    holding: Some(holding[q]),
                 })
                 .collect();
             usage.sort_by(|a, b| a.queue.cmp(&b.queue));
@@ -417,7 +422,13 @@ impl<'a> Engine<'a> {
 /// Each queue's usage advanced to the snapshot's time (from its record in the snapshot, the
 /// last one of its name winning), and the factors on its over-quota weights, read against its
 /// nominal share: its fair share were every leaf to ask for the whole cluster.
-fn usage_history(ctx: &Ctx, st: &State, config: &CycleConfig) -> (Vec<[f64; 3]>, Vec<[f64; 3]>) {
+fn usage_history(ctx: &Ctx, config: &CycleConfig) -> (Vec<[f64; 3]>, Vec<[f64; 3]>) {
+    // What the queues hold as their bound pods say, not as the nodes' known GPUs do: right
+    // after a failover the agents may not have reported yet, and the history must not count
+    // their queues idle meanwhile.
+    let holding = held_by_queues(ctx, |i| {
+        ctx.snap.pods[i].placement.is_some().then_some(None)
+    });
     let records: BTreeMap<&str, &QueueUsage> = ctx
         .snap
         .usage
@@ -430,14 +441,54 @@ fn usage_history(ctx: &Ctx, st: &State, config: &CycleConfig) -> (Vec<[f64; 3]>,
         .iter()
         .enumerate()
         .map(|(q, n)| {
-            let holding = st.queue_alloc[q].map(|x| x as f64);
-            config
-                .usage
-                .advance(records.get(n.name.as_str()).copied(), holding, ctx.snap.now)
+            config.usage.advance(
+                records.get(n.name.as_str()).copied(),
+                holding[q],
+                ctx.snap.now,
+            )
         })
         .collect();
     let capacity = ctx.capacity.as_f64();
     let nominal = fair_shares(&ctx.tree, capacity, &vec![capacity; ctx.tree.len()]);
     let factors = config.usage.weight_factors(&used, &nominal);
     (used, factors)
+}
+
+/// What each queue (with its descendants) holds, in accounting units, of the pods `which`
+/// picks: `Some(None)` for a bound pod, counted by its assignment (its request where it has
+/// none), `Some(Some(placed))` for one this cycle placed, counted by its slices.
+fn held_by_queues<'p>(
+    ctx: &Ctx,
+    which: impl Fn(usize) -> Option<Option<&'p super::statement::Placed>>,
+) -> Vec<[f64; 3]> {
+    let mut out = vec![[0.0; 3]; ctx.tree.len()];
+    for (i, pod) in ctx.snap.pods.iter().enumerate() {
+        let Some(q) = ctx.pods[i].queue.filter(|_| !pod.owned_by_other_scheduler) else {
+            continue;
+        };
+        let Some(placed) = which(i) else { continue };
+        let gpu: u64 = match placed {
+            Some(pl) => pl.gpus.iter().map(|g| u64::from(g.1)).sum(),
+            None => {
+                let slices: u64 = pod
+                    .placement
+                    .iter()
+                    .flat_map(|pl| pl.assignment.slices())
+                    .map(|s| u64::from(s.compute_milli))
+                    .sum();
+                if slices > 0 {
+                    slices
+                } else {
+                    ctx.pods[i].request.gpu_milli
+                }
+            }
+        };
+        let add = [gpu as f64, pod.cpu_milli as f64, pod.memory_mib as f64];
+        for a in ctx.tree.path(q) {
+            for (slot, v) in out[a].iter_mut().zip(add) {
+                *slot += v;
+            }
+        }
+    }
+    out
 }

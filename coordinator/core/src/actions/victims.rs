@@ -596,7 +596,7 @@ impl Engine<'_> {
                     queue: self.ctx.tree.nodes[q].name.clone(),
                 };
                 if self.victim_search_failed(&gang, Mode::Reclaim(q)) {
-                    gang.iter().for_each(|&p| self.note(p, blocked.clone()));
+                    gang.iter().for_each(|&p| self.note_blocked(p, &blocked));
                     continue;
                 }
                 tried += 1;
@@ -609,11 +609,23 @@ impl Engine<'_> {
                 self.reclaim_gang.clear();
                 self.record_victim_search(&gang, Mode::Reclaim(q), ok);
                 if !ok {
-                    gang.iter().for_each(|&p| self.note(p, blocked.clone()));
+                    gang.iter().for_each(|&p| self.note_blocked(p, &blocked));
                     self.note_budget_block(&gang);
                 }
                 self.budget_blocked.clear();
             }
+        }
+    }
+
+    /// Notes a failed reclaim for `p`, unless a limit of its queue on a GPU model already
+    /// explains it: that names why the idle GPUs of the model are not its to take, which the
+    /// victim search cannot change.
+    fn note_blocked(&mut self, p: u32, blocked: &Reason) {
+        if !matches!(
+            self.notes[p as usize],
+            Some(Reason::QueueOverModelLimit { .. })
+        ) {
+            self.note(p, blocked.clone());
         }
     }
 

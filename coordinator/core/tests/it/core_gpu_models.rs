@@ -90,9 +90,18 @@ fn a_queue_with_an_h100_limit_never_gets_more_h100s_and_still_gets_other_models(
     assert_eq!(st.models.len(), 1);
     assert_eq!(st.models[0].model, "H100");
     assert_eq!(st.models[0].allocated, 3000.0);
-    // A second cycle changes nothing.
+    // A second cycle changes nothing, and (its pods now victims a reclaim could take) the
+    // limit is still what the waiting pods are told.
     let d = schedule(&s, &CycleConfig::default());
     assert!(d.bindings.is_empty() && d.evictions.is_empty(), "{d:?}");
+    for p in &d.pending {
+        assert!(
+            p.message
+                .starts_with("queue a over limit gpu=3 of GPU model H100"),
+            "{}",
+            p.message
+        );
+    }
 }
 
 #[test]

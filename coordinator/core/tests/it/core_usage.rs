@@ -5,7 +5,9 @@
 
 use proptest::prelude::*;
 use tessera_core::cycle::{CycleConfig, Decisions, schedule};
-use tessera_core::model::{Node, Pod, Queue, QueueUsage, Snapshot};
+use tessera_core::model::{
+    Assignment, ContainerAssignment, GpuSlice, Node, Pod, Queue, QueueUsage, Snapshot,
+};
 use tessera_core::usage::UsageDecay;
 
 const HOUR: UsageDecay = UsageDecay {
@@ -151,6 +153,40 @@ fn restarts_keep_history() {
     }
     let a = kept.usage.iter().find(|u| u.queue == "a").unwrap();
     assert!(a.used[0] > 1e6, "usage accrued while a held 10 GPUs: {a:?}");
+}
+
+#[test]
+fn the_history_counts_what_bound_pods_hold_before_their_nodes_gpus_are_reported() {
+    // Right after a failover a node's agent may not have reported its GPUs yet: the node has
+    // none in the snapshot, but its pods' assignments still say what the queue holds.
+    let mut s = Snapshot::at(10_000)
+        .node(Node::cpu_node("n0", 64_000, 262_144))
+        .queue(Queue::new("a"));
+    for i in 0..4 {
+        let assignment = Assignment {
+            containers: vec![ContainerAssignment {
+                container: "main".into(),
+                gpus: vec![GpuSlice {
+                    uuid: format!("GPU-{i}"),
+                    memory_mib: 81_920,
+                    compute_milli: 1000,
+                }],
+            }],
+        };
+        s = s.pod(
+            Pod::new(&format!("a-{i}"), "a")
+                .gpus(1)
+                .bound("n0", assignment),
+        );
+    }
+    s.usage = vec![record("a", s.now - 100, 0.0, None)];
+    let d = schedule(&s, &with(HOUR));
+    let a = d.usage.iter().find(|u| u.queue == "a").unwrap();
+    assert!(
+        (a.used[0] - HOUR.advance(Some(&s.usage[0]), [4000.0, 0.0, 0.0], s.now)[0]).abs() < 1e-6,
+        "{a:?}"
+    );
+    assert_eq!(a.holding.map(|h| h[0]), Some(4000.0));
 }
 
 #[test]
