@@ -579,8 +579,8 @@ mod tests {
         let m = model_fair_shares(&tree, &[10_000.0], &[vec![1e9], vec![1e9]], None);
         assert_eq!(m[0][0].deserved, 3000.0);
         // The 7 left go 1:2 by weight, b capped at its limit of 5.
-        assert!((m[0][1].fair - 4666.666_666_666_667).abs() < 1e-6, "{m:?}");
-        assert!((m[0][0].fair - 5333.333_333_333_333).abs() < 1e-6, "{m:?}");
+        assert!((m[0][1].fair - 4_666.666_666_666_667).abs() < 1e-6, "{m:?}");
+        assert!((m[0][0].fair - 5_333.333_333_333_333).abs() < 1e-6, "{m:?}");
     }
 
     #[test]

@@ -435,9 +435,8 @@ impl Engine<'_> {
             && !info.model_capped;
         // The queue's per-model limits: milli-GPU a choice may add to each named model.
         let model_room = info
-            .model_capped
-            .then(|| info.queue)
-            .flatten()
+            .queue
+            .filter(|_| info.model_capped)
             .map(|q| self.model_room(q));
         let mut limit_hit: Option<(usize, usize)> = None;
         if cacheable && self.failed.contains(&did) {

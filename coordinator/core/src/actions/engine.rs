@@ -42,6 +42,14 @@ impl QueueKey {
     }
 }
 
+/// Each queue's usage history in one cycle (indexed like the queue tree).
+pub struct UsageState {
+    /// Decayed resource-seconds at the snapshot's time.
+    pub used: Vec<[f64; 3]>,
+    /// The factor on the queue's over-quota weight, per resource.
+    pub factors: Vec<[f64; 3]>,
+}
+
 /// Runs the actions of one cycle over a snapshot.
 pub struct Engine<'a> {
     /// Read-only context.
@@ -55,7 +63,7 @@ pub struct Engine<'a> {
     pub model_shares: Vec<Vec<DimShare>>,
     /// While usage history is on: per queue, its decayed usage at the snapshot's time and
     /// the factor on its over-quota weights.
-    pub usage: Option<(Vec<[f64; 3]>, Vec<[f64; 3]>)>,
+    pub usage: Option<UsageState>,
     /// The queue and GPU model whose limit kept the current job off some node.
     pub(crate) model_limit_hit: Option<(usize, usize)>,
     /// Jobs.
@@ -110,7 +118,7 @@ impl<'a> Engine<'a> {
             }
         }
         let usage = config.usage.is_on().then(|| usage_history(&ctx, config));
-        let factors = usage.as_ref().map(|(_, f)| f.as_slice());
+        let factors = usage.as_ref().map(|u| u.factors.as_slice());
         let shares = fair_shares_weighted(&ctx.tree, ctx.capacity.as_f64(), &demand, factors);
         let model_shares = if ctx.tree.models.is_empty() {
             Vec::new()
@@ -372,12 +380,12 @@ impl<'a> Engine<'a> {
                         requested: s[q].demand,
                     })
                     .collect(),
-                usage_factor: self.usage.as_ref().map(|(_, f)| f[q]),
+                usage_factor: self.usage.as_ref().map(|u| u.factors[q]),
             })
             .collect();
         shares.sort_by(|a, b| a.queue.cmp(&b.queue));
         out.fair_shares = shares;
-        if let Some((used, _)) = &self.usage {
+        if let Some(UsageState { used, .. }) = &self.usage {
             let holding = held_by_queues(&self.ctx, |i| {
                 let evicted = self.st.orig_bound[i] && self.st.placed[i].is_none();
                 if snap.pods[i].placement.is_some() {
@@ -422,7 +430,7 @@ impl<'a> Engine<'a> {
 /// Each queue's usage advanced to the snapshot's time (from its record in the snapshot, the
 /// last one of its name winning), and the factors on its over-quota weights, read against its
 /// nominal share: its fair share were every leaf to ask for the whole cluster.
-fn usage_history(ctx: &Ctx, config: &CycleConfig) -> (Vec<[f64; 3]>, Vec<[f64; 3]>) {
+fn usage_history(ctx: &Ctx, config: &CycleConfig) -> UsageState {
     // What the queues hold as their bound pods say, not as the nodes' known GPUs do: right
     // after a failover the agents may not have reported yet, and the history must not count
     // their queues idle meanwhile.
@@ -451,7 +459,7 @@ fn usage_history(ctx: &Ctx, config: &CycleConfig) -> (Vec<[f64; 3]>, Vec<[f64; 3
     let capacity = ctx.capacity.as_f64();
     let nominal = fair_shares(&ctx.tree, capacity, &vec![capacity; ctx.tree.len()]);
     let factors = config.usage.weight_factors(&used, &nominal);
-    (used, factors)
+    UsageState { used, factors }
 }
 
 /// What each queue (with its descendants) holds, in accounting units, of the pods `which`
