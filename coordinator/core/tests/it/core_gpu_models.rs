@@ -18,19 +18,28 @@ fn mixed() -> Snapshot {
         .node(Node::gpu_node("l1", 4, "L40S", 46_000))
 }
 
+/// Applies a cycle's decisions (see `core_props::apply`) and lets time pass.
 fn apply(s: &mut Snapshot, d: &Decisions) {
-    for b in &d.bindings {
-        let p = s.pods.iter_mut().find(|p| p.uid == b.pod).unwrap();
-        *p = p.clone().bound(&b.node, b.assignment.clone());
-    }
-    for e in &d.evictions {
-        s.pods
-            .iter_mut()
-            .find(|p| p.uid == e.pod)
-            .unwrap()
-            .placement = None;
-    }
+    crate::core_props::apply(s, d);
     s.now += 10;
+}
+
+/// Adds `n` one-GPU pods `<prefix>NN` of queue `prefix` created from `created` on, asking
+/// for H100s when `h100`; `hog`'s are a ReplicaSet's (bound first, they are the victims).
+fn one_gpu_pods(mut s: Snapshot, prefix: &str, n: u64, h100: bool, created: u64) -> Snapshot {
+    for i in 0..n {
+        let mut p = Pod::new(&format!("{prefix}{i:02}"), prefix)
+            .gpus(1)
+            .created(created + i);
+        if h100 {
+            p = p.models(&["H100"]);
+        }
+        if prefix == "hog" {
+            p = p.controlled_by("ReplicaSet hog");
+        }
+        s = s.pod(p);
+    }
+    s
 }
 
 /// Milli-GPU each queue holds per node GPU model (queue → model → milli).
@@ -158,26 +167,11 @@ fn a_queue_within_its_h100_quota_reclaims_h100s_but_never_below_the_victims_h100
     let mut s = mixed()
         .queue(Queue::new("hog").gpu_model("H100", 4.0, None, -1.0))
         .queue(Queue::new("team").gpu_model("H100", 8.0, None, -1.0));
-    for i in 0..16 {
-        s = s.pod(
-            Pod::new(&format!("hog{i:02}"), "hog")
-                .gpus(1)
-                .models(&["H100"])
-                .controlled_by("ReplicaSet hog")
-                .created(i),
-        );
-    }
+    s = one_gpu_pods(s, "hog", 16, true, 0);
     let d = schedule(&s, &CycleConfig::default());
     apply(&mut s, &d);
     assert_eq!(of(&s, "hog", "H100"), 16_000);
-    for i in 0..16 {
-        s = s.pod(
-            Pod::new(&format!("team{i:02}"), "team")
-                .gpus(1)
-                .models(&["H100"])
-                .created(100 + i),
-        );
-    }
+    s = one_gpu_pods(s, "team", 16, true, 100);
     for _ in 0..4 {
         let d = schedule(&s, &CycleConfig::default());
         apply(&mut s, &d);
@@ -197,25 +191,11 @@ fn outside_its_model_quota_a_queue_reclaims_that_model_only_up_to_its_fair_share
     let mut s = mixed()
         .queue(Queue::new("hog").gpu_model("H100", 8.0, None, -1.0))
         .queue(Queue::new("team").gpu(12.0, 1.0, -1.0));
-    for i in 0..24 {
-        s = s.pod(
-            Pod::new(&format!("hog{i:02}"), "hog")
-                .gpus(1)
-                .controlled_by("ReplicaSet hog")
-                .created(i),
-        );
-    }
+    s = one_gpu_pods(s, "hog", 24, false, 0);
     let d = schedule(&s, &CycleConfig::default());
     apply(&mut s, &d);
     assert_eq!(of(&s, "hog", "H100") + of(&s, "hog", "L40S"), 24_000);
-    for i in 0..12 {
-        s = s.pod(
-            Pod::new(&format!("team{i:02}"), "team")
-                .gpus(1)
-                .models(&["H100"])
-                .created(100 + i),
-        );
-    }
+    s = one_gpu_pods(s, "team", 12, true, 100);
     for _ in 0..4 {
         let d = schedule(&s, &CycleConfig::default());
         apply(&mut s, &d);

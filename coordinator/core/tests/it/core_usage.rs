@@ -4,7 +4,7 @@
 //! read back without what the queue held go on as if nothing happened). Deterministic.
 
 use proptest::prelude::*;
-use tessera_core::cycle::{CycleConfig, Decisions, schedule};
+use tessera_core::cycle::{CycleConfig, Decisions, QueueShareStatus, schedule};
 use tessera_core::model::{
     Assignment, ContainerAssignment, GpuSlice, Node, Pod, Queue, QueueUsage, Snapshot,
 };
@@ -51,20 +51,16 @@ fn record(queue: &str, at: u64, gpu_milli_seconds: f64, holding: Option<f64>) ->
     }
 }
 
+fn share<'d>(d: &'d Decisions, q: &str) -> &'d QueueShareStatus {
+    d.fair_shares.iter().find(|s| s.queue == q).unwrap()
+}
+
 fn fair(d: &Decisions, q: &str) -> f64 {
-    d.fair_shares
-        .iter()
-        .find(|s| s.queue == q)
-        .unwrap()
-        .fair_share[0]
+    share(d, q).fair_share[0]
 }
 
 fn deserved(d: &Decisions, q: &str) -> f64 {
-    d.fair_shares
-        .iter()
-        .find(|s| s.queue == q)
-        .unwrap()
-        .deserved[0]
+    share(d, q).deserved[0]
 }
 
 fn placed(d: &Decisions, q: &str) -> usize {
@@ -210,6 +206,18 @@ fn a_window_forgets_at_its_boundary() {
     assert!(fair(&d, "a") < fair(&d, "b"), "without a window it counts");
 }
 
+/// [`cluster`] with leaf queues `q0, q1, …` of the given `(quota, weight)`, and their names.
+fn leaves(nodes: u32, qs: &[(u32, u32)]) -> (Vec<String>, Snapshot) {
+    let names: Vec<String> = (0..qs.len()).map(|i| format!("q{i}")).collect();
+    let spec: Vec<(&str, f64, f64)> = names
+        .iter()
+        .zip(qs)
+        .map(|(n, &(q, w))| (n.as_str(), f64::from(q), f64::from(w)))
+        .collect();
+    let s = cluster(nodes, &spec);
+    (names, s)
+}
+
 fn queues() -> impl Strategy<Value = Vec<(u32, u32)>> {
     prop::collection::vec((0..12u32, 0..4u32), 2..5)
 }
@@ -223,13 +231,7 @@ proptest! {
         used in prop::collection::vec(0.0..20.0f64, 5),
         half_life in 60..86_400u64,
     ) {
-        let names: Vec<String> = (0..qs.len()).map(|i| format!("q{i}")).collect();
-        let spec: Vec<(&str, f64, f64)> = names
-            .iter()
-            .zip(&qs)
-            .map(|(n, &(q, w))| (n.as_str(), f64::from(q), f64::from(w)))
-            .collect();
-        let mut s = cluster(3, &spec);
+        let (names, mut s) = leaves(3, &qs);
         let decay = UsageDecay { half_life_seconds: half_life, window_seconds: 0 };
         let plain = schedule(&s, &CycleConfig::default());
         s.usage = names
@@ -255,13 +257,7 @@ proptest! {
         held in prop::collection::vec(0..10u32, 5),
     ) {
         // Each queue holds some GPUs already (preemptible pods) and wants many more.
-        let names: Vec<String> = (0..qs.len()).map(|i| format!("q{i}")).collect();
-        let spec: Vec<(&str, f64, f64)> = names
-            .iter()
-            .zip(&qs)
-            .map(|(n, &(q, w))| (n.as_str(), f64::from(q), f64::from(w)))
-            .collect();
-        let mut s = cluster(4, &spec);
+        let (names, mut s) = leaves(4, &qs);
         let mut node = 0;
         let mut free = 8;
         for (n, &h) in names.iter().zip(&held) {
@@ -289,7 +285,7 @@ proptest! {
             prop_assert_eq!(deserved(&d, n), deserved(&plain, n), "{}", n);
             prop_assert!(fair(&d, n) + 1e-9 >= deserved(&d, n));
             let before = s.pods.iter().filter(|p| &p.queue == n && p.placement.is_some()).count() as f64 * 1000.0;
-            let after = d.fair_shares.iter().find(|x| &x.queue == n).unwrap().allocated[0];
+            let after = share(&d, n).allocated[0];
             // Reclaim takes nothing a queue holds within its deserved quota.
             prop_assert!(after + 1e-9 >= before.min(deserved(&d, n)), "{n}: {before} -> {after}, deserved {}", deserved(&d, n));
         }
@@ -301,13 +297,7 @@ proptest! {
         used in prop::collection::vec(0.0..5.0f64, 5),
         seed in any::<u64>(),
     ) {
-        let names: Vec<String> = (0..qs.len()).map(|i| format!("q{i}")).collect();
-        let spec: Vec<(&str, f64, f64)> = names
-            .iter()
-            .zip(&qs)
-            .map(|(n, &(q, w))| (n.as_str(), f64::from(q), f64::from(w)))
-            .collect();
-        let mut s = cluster(2, &spec);
+        let (names, mut s) = leaves(2, &qs);
         s.usage = names
             .iter()
             .zip(&used)
