@@ -162,11 +162,16 @@ struct UsageArgs {
 }
 
 impl UsageArgs {
-    fn decay(self) -> tessera_core::usage::UsageDecay {
-        tessera_core::usage::UsageDecay {
+    fn decay(self) -> anyhow::Result<tessera_core::usage::UsageDecay> {
+        anyhow::ensure!(
+            self.usage_window_secs == 0 || self.usage_half_life_secs > 0,
+            "--usage-window-secs {}: usage history is off without --usage-half-life-secs; give a half-life in seconds (such as 86400) or drop the window",
+            self.usage_window_secs
+        );
+        Ok(tessera_core::usage::UsageDecay {
             half_life_seconds: self.usage_half_life_secs,
             window_seconds: self.usage_window_secs,
-        }
+        })
     }
 }
 
@@ -507,6 +512,8 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
         tessera_coordinator::agents::DEFAULT_AGENT_USER
     );
 
+    let usage = args.usage.decay()?;
+
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -551,7 +558,7 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
                 refresh: Duration::from_secs(args.gpu_view_refresh_secs),
             },
             cycle: tessera_core::cycle::CycleConfig {
-                usage: args.usage.decay(),
+                usage,
                 ..Default::default()
             },
             usage_write_interval: Duration::from_secs(args.usage_write_interval_secs),
@@ -618,7 +625,7 @@ fn replay_cmd(r: &ReplayArgs) -> anyhow::Result<()> {
             plot: r.plot.as_deref(),
             explain: r.explain,
         },
-        r.usage.decay(),
+        r.usage.decay()?,
     )?;
     print!("{text}");
     Ok(())
