@@ -5,6 +5,7 @@
 //! - [`keys`]: label, annotation and resource names (SPEC.md's user contract).
 //! - [`assignment`]: the `tessera.dev/assignment` JSON and its validation.
 //! - [`isolation`]: the `tessera.dev/isolation` modes.
+//! - [`gpu_model`]: the key naming a GPU model in a Queue's per-model quotas.
 //! - [`pod`] (feature `k8s`): what a pod object says to both sides: each container's
 //!   `nvidia.com/gpu` count as the kubelet's device manager reads it, and whether the pod
 //!   has started or finished.
@@ -19,6 +20,7 @@
 pub mod assignment;
 #[cfg(feature = "crd")]
 pub mod crd;
+pub mod gpu_model;
 pub mod isolation;
 pub mod keys;
 #[cfg(feature = "k8s")]

@@ -451,8 +451,7 @@ async fn setup_api(cluster: &Cluster, admin: &kube::Client, o: &Options) -> anyh
             QueueSpec {
                 gpu: Some(GpuQuota {
                     quota,
-                    over_quota_weight: 1.0,
-                    limit: -1.0,
+                    ..GpuQuota::default()
                 }),
                 ..QueueSpec::default()
             },
@@ -809,8 +808,7 @@ async fn run_reclaim(
             QueueSpec {
                 gpu: Some(GpuQuota {
                     quota,
-                    over_quota_weight: 1.0,
-                    limit: -1.0,
+                    ..GpuQuota::default()
                 }),
                 ..QueueSpec::default()
             },

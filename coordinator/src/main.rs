@@ -141,10 +141,45 @@ struct RunArgs {
     /// memory or utilisation.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     gpu_view_refresh_secs: u64,
+    #[command(flatten)]
+    usage: UsageArgs,
+    /// Seconds between writes of a queue's usage history into its status (sooner when it
+    /// moved by more than a tenth, but never more often than a tenth of this): what a new
+    /// leader goes on from.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    usage_write_interval_secs: u64,
     /// Log line format: human-readable `text` (coloured only on a terminal), or `json`, one
     /// object per line.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+}
+
+/// Usage history in fair share (`run` and `simulate replay`).
+#[derive(Args, Debug, Clone, Copy)]
+struct UsageArgs {
+    /// Half-life in seconds of each queue's usage history, which scales down the over-quota
+    /// weight of queues that used more than their share recently (deserved quotas stay
+    /// guaranteed); 0 = off, fair share looks only at the present.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=31_536_000))]
+    usage_half_life_secs: u64,
+    /// Usage history is forgotten at every multiple of this many seconds (a tumbling window,
+    /// aligned to Unix time); 0 = never.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=31_536_000))]
+    usage_window_secs: u64,
+}
+
+impl UsageArgs {
+    fn decay(self) -> anyhow::Result<tessera_core::usage::UsageDecay> {
+        anyhow::ensure!(
+            self.usage_window_secs == 0 || self.usage_half_life_secs > 0,
+            "--usage-window-secs {}: usage history is off without --usage-half-life-secs; give a half-life in seconds (such as 86400) or drop the window",
+            self.usage_window_secs
+        );
+        Ok(tessera_core::usage::UsageDecay {
+            half_life_seconds: self.usage_half_life_secs,
+            window_seconds: self.usage_window_secs,
+        })
+    }
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -222,6 +257,10 @@ struct ReplayArgs {
     /// message in a cluster; list every eviction and parent queues' shares.
     #[arg(long)]
     explain: bool,
+    /// With usage history on, the workload also runs without it: the report adds what
+    /// changed for each queue, and the plot shows both runs.
+    #[command(flatten)]
+    usage: UsageArgs,
 }
 
 /// Each cycle builds and drops a snapshot of every pod (tens of thousands of small
@@ -467,6 +506,8 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
         tessera_coordinator::agents::DEFAULT_AGENT_USER
     );
 
+    let usage = args.usage.decay()?;
+
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -511,6 +552,11 @@ fn run_cmd(args: RunArgs) -> anyhow::Result<()> {
                 writes_per_pass: args.gpu_view_writes_per_sec as usize,
                 refresh: Duration::from_secs(args.gpu_view_refresh_secs),
             },
+            cycle: tessera_core::cycle::CycleConfig {
+                usage,
+                ..Default::default()
+            },
+            usage_write_interval: Duration::from_secs(args.usage_write_interval_secs),
             ..CoordinatorConfig::default()
         };
         let signal = termination_signal().context("installing signal handlers")?;
@@ -569,9 +615,12 @@ fn replay_cmd(r: &ReplayArgs) -> anyhow::Result<()> {
     let text = sample::run_workload(
         &r.workload,
         policy,
-        r.json.as_deref(),
-        r.plot.as_deref(),
-        r.explain,
+        &sample::Outputs {
+            json: r.json.as_deref(),
+            plot: r.plot.as_deref(),
+            explain: r.explain,
+        },
+        r.usage.decay()?,
     )?;
     print!("{text}");
     Ok(())

@@ -14,8 +14,8 @@ pub use condition::Condition;
 pub use gpunode::{AgentView, GpuNode, GpuNodeSpec, GpuNodeStatus, GpuView, ShareView};
 pub use podgroup::{GroupTopology, PodGroup, PodGroupSpec, PodGroupStatus};
 pub use queue::{
-    GpuQuota, NamespaceSelector, QuantityQuota, Queue, QueueSpec, QueueStatus, ResourceAmounts,
-    SelectorRequirement,
+    GpuModelAmounts, GpuModelQuota, GpuQuota, NamespaceSelector, QuantityQuota, Queue, QueueSpec,
+    QueueStatus, QueueUsage, ResourceAmounts, SelectorRequirement,
 };
 pub use topology::{Topology, TopologyLevel, TopologySpec, TopologyStatus};
 

@@ -146,6 +146,13 @@ pub struct GpuQuota {
     #[serde(default = "minus_one")]
     #[schemars(range(min = -1))]
     pub limit: f64,
+    /// Quota, over-quota weight and limit per GPU model, besides the totals above: fair
+    /// share and reclaim respect both. A model not listed has quota 0, this queue's
+    /// `overQuotaWeight` and no limit of its own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["model"]))]
+    pub models: Vec<GpuModelQuota>,
 }
 
 impl Default for GpuQuota {
@@ -153,6 +160,51 @@ impl Default for GpuQuota {
         GpuQuota {
             quota: 0.0,
             over_quota_weight: 1.0,
+            limit: -1.0,
+            models: Vec::new(),
+        }
+    }
+}
+
+/// GPU quota settings of one GPU model (numbers of GPUs of that model).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!has(self.limit) || !has(self.quota) || self.limit < 0.0 || self.limit >= self.quota",
+    "message": "gpu.models[].limit must be -1 (no limit) or at least the model's quota"
+}]))]
+pub struct GpuModelQuota {
+    /// The GPU model: the node agent's model name with every character a label value cannot
+    /// hold replaced by `-`, as `nvidia.com/gpu.product` spells it (`NVIDIA-H100-80GB-HBM3`).
+    #[schemars(
+        length(min = 1, max = 63),
+        extend("x-kubernetes-validations" = [{
+            "rule": "self.matches('^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$')",
+            "message": "must be a GPU model as nvidia.com/gpu.product spells it: 1-63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit, e.g. NVIDIA-H100-80GB-HBM3"
+        }])
+    )]
+    pub model: String,
+    /// Deserved GPUs of this model, granted before any over-quota share (0 or more).
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub quota: f64,
+    /// Weight for sharing this model's GPUs beyond every queue's quota of it (0 or more);
+    /// absent: the queue's `gpu.overQuotaWeight`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub over_quota_weight: Option<f64>,
+    /// Hard cap in GPUs of this model; -1 = no limit.
+    #[serde(default = "minus_one")]
+    #[schemars(range(min = -1))]
+    pub limit: f64,
+}
+
+impl Default for GpuModelQuota {
+    fn default() -> Self {
+        GpuModelQuota {
+            model: String::new(),
+            quota: 0.0,
+            over_quota_weight: None,
             limit: -1.0,
         }
     }
@@ -224,7 +276,55 @@ pub struct QueueStatus {
     /// The fair share the scheduler computed in the last cycle.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fair_share: Option<ResourceAmounts>,
+    /// Per GPU model the queue's quotas name: GPUs allocated, requested and the fair share.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub gpu_models: Vec<GpuModelAmounts>,
+    /// Recent usage, decayed with the coordinator's half-life (`--usage-half-life-secs`);
+    /// absent while usage history is off. Kept here so a restarted or new leader goes on
+    /// from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<QueueUsage>,
     /// Conditions (`Valid`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+/// One GPU model's amounts of a queue, in GPUs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuModelAmounts {
+    /// The model key (`spec.gpu.models[].model`).
+    pub model: String,
+    /// GPUs of this model held by the queue's running pods.
+    #[serde(default)]
+    pub allocated: f64,
+    /// GPUs of this model the queue's pods could use (running plus pending that may land on
+    /// it), capped by the limits.
+    #[serde(default)]
+    pub requested: f64,
+    /// The queue's fair share of this model.
+    #[serde(default)]
+    pub fair_share: f64,
+}
+
+/// A queue's decayed usage: resource-seconds, each second weighted by one half per half-life
+/// since, as of `updatedAt`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueUsage {
+    /// Decayed GPU-seconds.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub gpu_seconds: f64,
+    /// Decayed CPU core-seconds.
+    #[serde(default)]
+    #[schemars(range(min = 0))]
+    pub cpu_seconds: f64,
+    /// Decayed memory GiB-seconds.
+    #[serde(default, rename = "memoryGiBSeconds")]
+    #[schemars(range(min = 0))]
+    pub memory_gib_seconds: f64,
+    /// When the amounts were last advanced (RFC 3339).
+    pub updated_at: String,
 }

@@ -10,9 +10,10 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::actions::Engine;
-use crate::model::{Assignment, Fence, Resource, Snapshot};
+use crate::model::{Assignment, Fence, QueueUsage, Resource, Snapshot};
 use crate::placement::ScoreWeights;
 use crate::placement::frag::ShapeMix;
+use crate::usage::UsageDecay;
 
 /// Knobs of a cycle. `Default` is the production setting.
 #[derive(Clone, Debug)]
@@ -44,6 +45,8 @@ pub struct CycleConfig {
     pub shape_mix: Option<ShapeMix>,
     /// Run reclaim, preempt and consolidate (the fill-only simulator turns them off).
     pub victims_enabled: bool,
+    /// How usage history weighs in fair share (off by default).
+    pub usage: UsageDecay,
 }
 
 impl Default for CycleConfig {
@@ -62,6 +65,7 @@ impl Default for CycleConfig {
             mix_max_shapes: 48,
             shape_mix: None,
             victims_enabled: true,
+            usage: UsageDecay::default(),
         }
     }
 }
@@ -155,6 +159,16 @@ pub enum Reason {
         group: String,
         /// The group's `maxMember`: pods beyond it stay pending.
         max_member: u32,
+    },
+    /// The queue (or an ancestor) is at its limit of a GPU model on every node of that model
+    /// the pod fits on.
+    QueueOverModelLimit {
+        /// Queue at its limit.
+        queue: String,
+        /// The GPU model key.
+        model: String,
+        /// Limit in GPUs.
+        limit: String,
     },
     /// The queue (or an ancestor) would exceed its limit.
     QueueOverLimit {
@@ -453,6 +467,14 @@ impl fmt::Display for Reason {
             } => {
                 write!(f, "queue {queue} over limit {}={limit}", resource.name())
             }
+            Reason::QueueOverModelLimit {
+                queue,
+                model,
+                limit,
+            } => write!(
+                f,
+                "queue {queue} over limit gpu={limit} of GPU model {model} (spec.gpu.models)"
+            ),
             Reason::GangUnschedulable {
                 group,
                 fitted,
@@ -528,6 +550,28 @@ pub struct QueueShareStatus {
     pub allocated: [f64; 3],
     /// Demand (allocated + pending, capped by limit) the fair share was computed from.
     pub requested: [f64; 3],
+    /// Per GPU model some queue's settings name (milli-GPU of that model).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub models: Vec<ModelShareStatus>,
+    /// While usage history is on: the factor per resource its over-quota weight was
+    /// multiplied by (1 = no recent usage; see [`crate::usage`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage_factor: Option<[f64; 3]>,
+}
+
+/// Fair-share status of one queue for one GPU model, in milli-GPU of that model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelShareStatus {
+    /// The model key.
+    pub model: String,
+    /// Granted deserved quota of the model.
+    pub deserved: f64,
+    /// Fair share of the model.
+    pub fair_share: f64,
+    /// Held after this cycle's decisions.
+    pub allocated: f64,
+    /// Demand (allocated + pending that may land on the model, capped by limits).
+    pub requested: f64,
 }
 
 /// Everything a cycle decided.
@@ -545,6 +589,11 @@ pub struct Decisions {
     /// `minMember` pods: the cluster cache stamps `below_min_member_since` for them (and clears
     /// it for groups not listed), which the stale-gang action reads after the grace period.
     pub gangs_below_min: Vec<String>,
+    /// While usage history is on: every queue's record advanced to the snapshot's time, with
+    /// what it holds after these decisions, sorted by queue (the caller passes it to the next
+    /// cycle's snapshot and persists it). Empty while it is off.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub usage: Vec<QueueUsage>,
 }
 
 /// Runs one scheduling cycle.

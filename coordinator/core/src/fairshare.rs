@@ -5,6 +5,11 @@
 //! then what is left is water-filled by over-quota weight among the children that still want
 //! more. Higher-priority siblings are served first in both rounds. A child's fair share is then
 //! split among its own children the same way.
+//!
+//! The same water-fill runs for each GPU model a queue's settings name (see
+//! [`QueueTree::models`]), over that model's GPUs, with the queues' per-model settings. Usage
+//! history enters as a factor on each queue's over-quota weight (see [`crate::usage`]); the
+//! deserved round never sees it.
 
 use std::collections::BTreeMap;
 
@@ -27,8 +32,12 @@ pub struct QueueNode {
     pub children: Vec<usize>,
     /// Sibling priority.
     pub priority: i32,
-    /// Settings per resource in accounting units (GPU in milli-GPU).
+    /// Settings per resource in accounting units (GPU in milli-GPU). The GPU quota counts at
+    /// least the sum of the queue's per-model quotas, which are deserved too.
     pub settings: [QueueResource; 3],
+    /// Settings per GPU model of [`QueueTree::models`], in milli-GPU of that model: the
+    /// queue's own for a model it names, else quota 0, its GPU weight and no limit.
+    pub model_settings: Vec<QueueResource>,
 }
 
 impl QueueNode {
@@ -40,6 +49,12 @@ impl QueueNode {
     /// The hard cap of resource `r`, if any.
     pub fn limit(&self, r: Resource) -> Option<f64> {
         let l = self.settings[r.index()].limit;
+        (l >= 0.0).then_some(l)
+    }
+
+    /// The hard cap (milli-GPU) of GPU model `m` (an index of [`QueueTree::models`]), if any.
+    pub fn model_limit(&self, m: usize) -> Option<f64> {
+        let l = self.model_settings.get(m)?.limit;
         (l >= 0.0).then_some(l)
     }
 }
@@ -56,6 +71,9 @@ pub struct QueueTree {
     /// Problems found while building (duplicate names, unknown parents, cycles); such queues
     /// are treated as top-level.
     pub problems: Vec<String>,
+    /// The GPU model keys some queue's settings name, sorted: the models that get a fair
+    /// share of their own. Empty (the usual case) when no queue sets per-model quotas.
+    pub models: Vec<String>,
 }
 
 impl QueueTree {
@@ -72,14 +90,27 @@ impl QueueTree {
                 ));
             }
         }
+        let mut models: Vec<String> = queues
+            .iter()
+            .flat_map(|q| q.gpu_models.iter().map(|m| m.model.clone()))
+            .collect();
+        models.sort();
+        models.dedup();
         let mut nodes: Vec<QueueNode> = queues
             .iter()
-            .map(|q| QueueNode {
-                name: q.name.clone(),
-                parent: None,
-                children: Vec::new(),
-                priority: q.priority,
-                settings: Resource::ALL.map(|r| q.settings(r)),
+            .map(|q| {
+                let mut settings = Resource::ALL.map(|r| q.settings(r));
+                let model_settings = model_settings(q, &models, settings[0].over_quota_weight);
+                let named: f64 = model_settings.iter().map(|m| m.quota).sum();
+                settings[0].quota = settings[0].quota.max(named);
+                QueueNode {
+                    name: q.name.clone(),
+                    parent: None,
+                    children: Vec::new(),
+                    priority: q.priority,
+                    settings,
+                    model_settings,
+                }
             })
             .collect();
         for (i, q) in queues.iter().enumerate() {
@@ -130,7 +161,13 @@ impl QueueTree {
             roots,
             by_name,
             problems,
+            models,
         }
+    }
+
+    /// Index of GPU model key `key` in [`QueueTree::models`].
+    pub fn model(&self, key: &str) -> Option<usize> {
+        self.models.binary_search_by(|m| m.as_str().cmp(key)).ok()
     }
 
     /// Index of the queue called `name`.
@@ -154,6 +191,34 @@ impl QueueTree {
     }
 }
 
+/// A queue's settings for each model of `models`, in milli-GPU: its own where it names the
+/// model (negative or non-finite amounts read as none), else quota 0, `gpu_weight`, no limit.
+fn model_settings(q: &Queue, models: &[String], gpu_weight: f64) -> Vec<QueueResource> {
+    models
+        .iter()
+        .map(
+            |key| match q.gpu_models.iter().rev().find(|m| &m.model == key) {
+                None => QueueResource {
+                    quota: 0.0,
+                    over_quota_weight: gpu_weight,
+                    limit: -1.0,
+                },
+                Some(m) => {
+                    let ok = |v: f64| v.is_finite() && v >= 0.0;
+                    QueueResource {
+                        quota: if ok(m.quota) { m.quota * 1000.0 } else { 0.0 },
+                        over_quota_weight: m
+                            .over_quota_weight
+                            .filter(|w| ok(*w))
+                            .unwrap_or(gpu_weight),
+                        limit: if ok(m.limit) { m.limit * 1000.0 } else { -1.0 },
+                    }
+                }
+            },
+        )
+        .collect()
+}
+
 /// Deserved and fair amounts of one queue, per resource in accounting units.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Share {
@@ -165,9 +230,33 @@ pub struct Share {
     pub demand: [f64; 3],
 }
 
+/// Deserved and fair amounts of one queue in one dimension (a resource, or a GPU model's
+/// milli-GPU).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DimShare {
+    /// Granted deserved quota.
+    pub deserved: f64,
+    /// Fair share.
+    pub fair: f64,
+    /// Demand, capped by the limits.
+    pub demand: f64,
+}
+
 /// Computes every queue's fair share of `capacity`, given each leaf's demand (allocated plus
 /// pending requests; entries of non-leaf queues are ignored and recomputed from children).
 pub fn fair_shares(tree: &QueueTree, capacity: [f64; 3], leaf_demand: &[[f64; 3]]) -> Vec<Share> {
+    fair_shares_weighted(tree, capacity, leaf_demand, None)
+}
+
+/// [`fair_shares`] with each queue's over-quota weight of resource `k` multiplied by
+/// `factors[q][k]` (usage history; `None` = 1 everywhere). Deserved quotas do not depend on
+/// the factors.
+pub fn fair_shares_weighted(
+    tree: &QueueTree,
+    capacity: [f64; 3],
+    leaf_demand: &[[f64; 3]],
+    factors: Option<&[[f64; 3]]>,
+) -> Vec<Share> {
     let n = tree.nodes.len();
     let mut shares = vec![Share::default(); n];
     // Demand bottom-up, capped by each queue's limit.
@@ -175,11 +264,103 @@ pub fn fair_shares(tree: &QueueTree, capacity: [f64; 3], leaf_demand: &[[f64; 3]
     for &r in &tree.roots {
         subtree_demand(tree, r, leaf_demand, &mut shares, &mut visited);
     }
+    let mut dims = vec![DimShare::default(); n];
     for r in Resource::ALL {
         let k = r.index();
-        distribute(tree, &tree.roots, capacity[k], k, &mut shares);
+        for (d, s) in dims.iter_mut().zip(&shares) {
+            *d = DimShare {
+                demand: s.demand[k],
+                ..DimShare::default()
+            };
+        }
+        let settings = |c: usize| {
+            let s = tree.nodes[c].settings[k];
+            match factors {
+                Some(f) => QueueResource {
+                    over_quota_weight: s.over_quota_weight * f[c][k],
+                    ..s
+                },
+                None => s,
+            }
+        };
+        distribute(tree, &tree.roots, capacity[k], &settings, &mut dims);
+        for (s, d) in shares.iter_mut().zip(&dims) {
+            s.deserved[k] = d.deserved;
+            s.fair[k] = d.fair;
+        }
     }
     shares
+}
+
+/// Every queue's fair share of each GPU model of [`QueueTree::models`]: `capacity[m]` is the
+/// model's healthy milli-GPU, `leaf_demand[q][m]` a leaf's demand of it (allocated plus the
+/// pending requests that may land on it); `gpu_factors[q]`, when given, scales the
+/// over-quota weights as the GPU factor does in [`fair_shares_weighted`]. Indexed
+/// `[model][queue]`.
+pub fn model_fair_shares(
+    tree: &QueueTree,
+    capacity: &[f64],
+    leaf_demand: &[Vec<f64>],
+    gpu_factors: Option<&[[f64; 3]]>,
+) -> Vec<Vec<DimShare>> {
+    let n = tree.nodes.len();
+    (0..tree.models.len())
+        .map(|m| {
+            let mut dims = vec![DimShare::default(); n];
+            let mut visited = vec![false; n];
+            for &r in &tree.roots {
+                model_demand(tree, r, m, leaf_demand, &mut dims, &mut visited);
+            }
+            let settings = |c: usize| {
+                let s = tree.nodes[c].model_settings[m];
+                QueueResource {
+                    over_quota_weight: s.over_quota_weight
+                        * gpu_factors.map_or(1.0, |f| f[c][Resource::Gpu.index()]),
+                    ..s
+                }
+            };
+            distribute(
+                tree,
+                &tree.roots,
+                capacity.get(m).copied().unwrap_or(0.0),
+                &settings,
+                &mut dims,
+            );
+            dims
+        })
+        .collect()
+}
+
+fn model_demand(
+    tree: &QueueTree,
+    i: usize,
+    m: usize,
+    leaf_demand: &[Vec<f64>],
+    dims: &mut [DimShare],
+    visited: &mut [bool],
+) -> f64 {
+    if visited[i] {
+        return dims[i].demand;
+    }
+    visited[i] = true;
+    let node = &tree.nodes[i];
+    let mut d = if node.is_leaf() {
+        leaf_demand
+            .get(i)
+            .and_then(|v| v.get(m))
+            .copied()
+            .unwrap_or(0.0)
+    } else {
+        0.0
+    };
+    for &c in &node.children {
+        d += model_demand(tree, c, m, leaf_demand, dims, visited);
+    }
+    if let Some(l) = node.model_limit(m) {
+        d = d.min(l);
+    }
+    dims[i].demand = d;
+    d
 }
 
 fn subtree_demand(
@@ -214,13 +395,20 @@ fn subtree_demand(
     d
 }
 
-/// Splits `amount` of resource `k` among `children`, then recurses.
-fn distribute(tree: &QueueTree, children: &[usize], amount: f64, k: usize, shares: &mut [Share]) {
+/// Splits `amount` of one dimension among `children` (settings of child `c`: `settings(c)`,
+/// demand: `dims[c].demand`), then recurses.
+fn distribute(
+    tree: &QueueTree,
+    children: &[usize],
+    amount: f64,
+    settings: &dyn Fn(usize) -> QueueResource,
+    dims: &mut [DimShare],
+) {
     if children.is_empty() {
         return;
     }
     let mut given: BTreeMap<usize, f64> = children.iter().map(|&c| (c, 0.0)).collect();
-    let cap = |c: usize, shares: &[Share]| shares[c].demand[k];
+    let cap = |c: usize, dims: &[DimShare]| dims[c].demand;
     // Priority tiers, highest first; inside a tier children keep name order.
     let mut tiers: Vec<i32> = children.iter().map(|&c| tree.nodes[c].priority).collect();
     tiers.sort_unstable_by(|a, b| b.cmp(a));
@@ -235,7 +423,7 @@ fn distribute(tree: &QueueTree, children: &[usize], amount: f64, k: usize, share
             .collect();
         let want: Vec<f64> = tier
             .iter()
-            .map(|&c| tree.nodes[c].settings[k].quota.max(0.0).min(cap(c, shares)))
+            .map(|&c| settings(c).quota.max(0.0).min(cap(c, dims)))
             .collect();
         let total: f64 = want.iter().sum();
         let scale = if total > left && total > 0.0 {
@@ -246,7 +434,7 @@ fn distribute(tree: &QueueTree, children: &[usize], amount: f64, k: usize, share
         for (c, w) in tier.iter().zip(&want) {
             let g = w * scale;
             *given.entry(*c).or_default() += g;
-            shares[*c].deserved[k] = g;
+            dims[*c].deserved = g;
         }
         left = (left - total * scale).max(0.0);
     }
@@ -260,33 +448,30 @@ fn distribute(tree: &QueueTree, children: &[usize], amount: f64, k: usize, share
             .copied()
             .filter(|&c| {
                 tree.nodes[c].priority == t
-                    && tree.nodes[c].settings[k].over_quota_weight > 0.0
-                    && given[&c] + EPS < cap(c, shares)
+                    && settings(c).over_quota_weight > 0.0
+                    && given[&c] + EPS < cap(c, dims)
             })
             .collect();
         while left > EPS && !open.is_empty() {
-            let wsum: f64 = open
-                .iter()
-                .map(|&c| tree.nodes[c].settings[k].over_quota_weight)
-                .sum();
+            let wsum: f64 = open.iter().map(|&c| settings(c).over_quota_weight).sum();
             // Anyone whose proportional slice would overshoot their cap is filled and leaves.
             let mut saturated = Vec::new();
             for &c in &open {
-                let slice = left * tree.nodes[c].settings[k].over_quota_weight / wsum;
-                if given[&c] + slice >= cap(c, shares) - EPS {
+                let slice = left * settings(c).over_quota_weight / wsum;
+                if given[&c] + slice >= cap(c, dims) - EPS {
                     saturated.push(c);
                 }
             }
             if saturated.is_empty() {
                 for &c in &open {
-                    let slice = left * tree.nodes[c].settings[k].over_quota_weight / wsum;
+                    let slice = left * settings(c).over_quota_weight / wsum;
                     *given.entry(c).or_default() += slice;
                 }
                 left = 0.0;
             } else {
                 for c in &saturated {
                     let g = given.entry(*c).or_default();
-                    let inc = (cap(*c, shares) - *g).max(0.0);
+                    let inc = (cap(*c, dims) - *g).max(0.0);
                     *g += inc;
                     left = (left - inc).max(0.0);
                 }
@@ -295,9 +480,9 @@ fn distribute(tree: &QueueTree, children: &[usize], amount: f64, k: usize, share
         }
     }
     for (&c, &g) in &given {
-        shares[c].fair[k] = g;
+        dims[c].fair = g;
         let kids = tree.nodes[c].children.clone();
-        distribute(tree, &kids, g, k, shares);
+        distribute(tree, &kids, g, settings, dims);
     }
 }
 
@@ -359,6 +544,43 @@ mod tests {
         assert!((s[0].fair[0] - 60_000.0).abs() < 1e-6);
         assert!((s[1].fair[0] - 30_000.0).abs() < 1e-6);
         assert!((s[3].fair[0] - 40_000.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn weight_factors_move_only_the_over_quota_part() {
+        let tree = QueueTree::build(&[q("a", 10.0, 1.0, -1.0), q("b", 10.0, 1.0, -1.0)]);
+        let d = [[1e9, 0.0, 0.0], [1e9, 0.0, 0.0]];
+        let f = [[0.25, 1.0, 1.0], [1.0, 1.0, 1.0]];
+        let s = fair_shares_weighted(&tree, [100_000.0, 0.0, 0.0], &d, Some(&f));
+        assert_eq!(s[0].deserved[0], 10_000.0);
+        assert!(
+            (s[0].fair[0] - (10_000.0 + 80_000.0 * 0.2)).abs() < 1e-6,
+            "{s:?}"
+        );
+        assert!(
+            (s[1].fair[0] - (10_000.0 + 80_000.0 * 0.8)).abs() < 1e-6,
+            "{s:?}"
+        );
+    }
+
+    #[test]
+    fn models_get_their_own_water_fill_and_count_in_the_total_quota() {
+        let tree = QueueTree::build(&[
+            Queue::new("a").gpu_model("H100", 3.0, Some(1.0), -1.0),
+            Queue::new("b")
+                .gpu(1.0, 2.0, -1.0)
+                .gpu_model("H100", 0.0, None, 5.0),
+        ]);
+        assert_eq!(tree.models, ["H100"]);
+        assert_eq!(
+            tree.nodes[0].settings[0].quota, 3000.0,
+            "raised to the model's quota"
+        );
+        let m = model_fair_shares(&tree, &[10_000.0], &[vec![1e9], vec![1e9]], None);
+        assert_eq!(m[0][0].deserved, 3000.0);
+        // The 7 left go 1:2 by weight, b capped at its limit of 5.
+        assert!((m[0][1].fair - 4_666.666_666_666_667).abs() < 1e-6, "{m:?}");
+        assert!((m[0][0].fair - 5_333.333_333_333_333).abs() < 1e-6, "{m:?}");
     }
 
     #[test]

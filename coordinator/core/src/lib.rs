@@ -1,6 +1,7 @@
 //! Tessera's scheduling core.
 //!
-//! The core (`model`, `fairshare`, `placement`, `constraints`, `actions`, `cycle`) is pure:
+//! The core (`model`, `fairshare`, `usage`, `placement`, `constraints`, `actions`, `cycle`) is
+//! pure:
 //! a snapshot goes in, decisions come out; no I/O, no clocks, deterministic for a seed. The
 //! offline simulator that drives it over traces is the `tessera-sim` crate, which depends
 //! on this one and never the other way round.
@@ -15,3 +16,4 @@ pub mod cycle;
 pub mod fairshare;
 pub mod model;
 pub mod placement;
+pub mod usage;

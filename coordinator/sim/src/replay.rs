@@ -28,6 +28,9 @@ pub struct ShareSample {
     pub gpu_pct: BTreeMap<String, f64>,
     /// Fair share of GPU per queue, percent of cluster GPU capacity (as the core computed it).
     pub fair_pct: BTreeMap<String, f64>,
+    /// While usage history is on: the factor on each queue's GPU over-quota weight.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub usage_factor: BTreeMap<String, f64>,
 }
 
 /// Why a job waited in one scheduling cycle.
@@ -201,6 +204,7 @@ pub fn replay(w: &Loaded, config: &CycleConfig) -> ReplayOutcome {
         }
         snap.now = now;
         let mut fair: BTreeMap<String, f64> = BTreeMap::new();
+        let mut factors: BTreeMap<String, f64> = BTreeMap::new();
         for _ in 0..MAX_CYCLES_PER_INSTANT {
             let start = Instant::now();
             let d = schedule(&snap, config);
@@ -217,6 +221,14 @@ pub fn replay(w: &Loaded, config: &CycleConfig) -> ReplayOutcome {
                     )
                 })
                 .collect();
+            factors = d
+                .fair_shares
+                .iter()
+                .filter_map(|q| Some((q.queue.clone(), q.usage_factor?[Resource::Gpu.index()])))
+                .collect();
+            // The usage history goes on from what the core returned, as the coordinator keeps
+            // it from cycle to cycle.
+            snap.usage = d.usage.clone();
             pending = d
                 .pending
                 .iter()
@@ -294,6 +306,7 @@ pub fn replay(w: &Loaded, config: &CycleConfig) -> ReplayOutcome {
             time: now,
             gpu_pct: per_queue,
             fair_pct: fair,
+            usage_factor: factors,
         });
         // Next event: an arrival, or the earliest completion of a running job.
         let running: Vec<usize> = (0..w.jobs.len())

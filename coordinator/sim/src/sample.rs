@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 
 use tessera_core::cycle::CycleConfig;
+use tessera_core::usage::UsageDecay;
 
-use super::plot::{Series, line_chart};
+use super::plot::{Axes, Series, chart_body, line_chart, stacked};
 use super::policy::Policy;
 use super::replay::{ReplayOutcome, replay};
 use super::workload::Workload;
@@ -47,42 +48,212 @@ const SAMPLE: &str = include_str!("../../../hack/workloads/sample.yaml");
 /// the report.
 pub fn run_sample(path: &Path) -> Result<String, RunError> {
     if path.exists() {
-        return run_workload(path, Policy::Tessera, None, None, false);
+        return run_workload(
+            path,
+            Policy::Tessera,
+            &Outputs::default(),
+            UsageDecay::default(),
+        );
     }
     let w: Workload = tessera_gpushape::parse_yaml("<bundled sample.yaml>", SAMPLE)?;
     let loaded = w.resolve("<bundled sample.yaml>", &bundled_dir())?;
     Ok(human(&replay(&loaded, &CycleConfig::default()), false))
 }
 
+/// Where a replay's report goes besides the returned text.
+#[derive(Clone, Debug, Default)]
+pub struct Outputs<'a> {
+    /// Write the numbers as JSON here.
+    pub json: Option<&'a Path>,
+    /// Write the shares plot as SVG here.
+    pub plot: Option<&'a Path>,
+    /// Add why each job waited, the evictions and parent queues' shares.
+    pub explain: bool,
+}
+
 /// Replays a workload file through the scheduling core; writes JSON / SVG when asked and
 /// returns the human report (with `explain`, also why each job waited, the evictions and
-/// parent queues' shares).
+/// parent queues' shares). With usage history on, the workload is replayed twice, without and
+/// with it: the report is the run with it plus what changed for each queue, the plot shows
+/// both runs' shares one above the other, and the JSON holds both (`without_usage_history`,
+/// `with_usage_history`).
 pub fn run_workload(
     path: &Path,
     policy: Policy,
-    json: Option<&Path>,
-    plot: Option<&Path>,
-    explain: bool,
+    outputs: &Outputs,
+    usage: UsageDecay,
 ) -> Result<String, RunError> {
     if policy != Policy::Tessera {
         return Err(RunError::Policy(policy));
     }
     let loaded = Workload::load(path, &bundled_dir())?;
-    let out = replay(&loaded, &CycleConfig::default());
+    let out = replay(
+        &loaded,
+        &CycleConfig {
+            usage,
+            ..CycleConfig::default()
+        },
+    );
+    let plain = usage
+        .is_on()
+        .then(|| replay(&loaded, &CycleConfig::default()));
     let write = |p: &Path, text: String| {
         std::fs::write(p, text).map_err(|source| RunError::Output {
             file: p.display().to_string(),
             source,
         })
     };
-    if let Some(p) = json {
+    if let Some(p) = outputs.json {
         // Plain strings, numbers and maps: serialisation cannot fail.
-        write(p, serde_json::to_string_pretty(&out).unwrap_or_default())?;
+        let text = match &plain {
+            None => serde_json::to_string_pretty(&out),
+            Some(plain) => serde_json::to_string_pretty(&serde_json::json!({
+                "without_usage_history": plain,
+                "with_usage_history": out,
+            })),
+        };
+        write(p, text.unwrap_or_default())?;
     }
-    if let Some(p) = plot {
-        write(p, shares_svg(&out))?;
+    if let Some(p) = outputs.plot {
+        let svg = match &plain {
+            None => shares_svg(&out),
+            Some(plain) => stacked(&[
+                shares_chart(plain, &format!("GPU share per queue: {}", out.workload)),
+                shares_chart(
+                    &out,
+                    &format!(
+                        "With usage history (half-life {} s{})",
+                        usage.half_life_seconds,
+                        window_text(usage)
+                    ),
+                ),
+            ]),
+        };
+        write(p, svg)?;
     }
-    Ok(human(&out, explain))
+    let mut text = human(&out, outputs.explain);
+    if let Some(plain) = &plain {
+        compare(&mut text, plain, &out, usage);
+    }
+    Ok(text)
+}
+
+fn window_text(usage: UsageDecay) -> String {
+    if usage.window_seconds == 0 {
+        String::new()
+    } else {
+        format!(", window {} s", usage.window_seconds)
+    }
+}
+
+/// GPU-hours each queue held over the replay (from the share samples: a sample's value holds
+/// until the next one).
+fn gpu_hours(out: &ReplayOutcome, queue: &str) -> f64 {
+    let pct_seconds: f64 = out
+        .shares
+        .windows(2)
+        .map(|w| w[0].gpu_pct.get(queue).copied().unwrap_or(0.0) * (w[1].time - w[0].time) as f64)
+        .sum();
+    pct_seconds / 100.0 * out.gpus as f64 / 3600.0
+}
+
+/// Per queue: (mean gang wait, mean completion) of its jobs in seconds, `None` without any.
+fn waits(out: &ReplayOutcome, queue: &str) -> (Option<f64>, Option<f64>) {
+    let mean = |v: Vec<u64>| (!v.is_empty()).then(|| v.iter().sum::<u64>() as f64 / v.len() as f64);
+    let jobs = out.jobs.iter().filter(|j| j.queue == queue);
+    (
+        mean(
+            jobs.clone()
+                .filter_map(|j| Some(j.started? - j.arrival))
+                .collect(),
+        ),
+        mean(jobs.filter_map(|j| Some(j.finished? - j.arrival)).collect()),
+    )
+}
+
+/// A job's family: its name without the `-<k>` a repeat adds.
+fn family(job: &str) -> &str {
+    match job.rsplit_once('-') {
+        Some((base, k)) if !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()) => base,
+        _ => job,
+    }
+}
+
+/// Mean gang wait (seconds) of the started jobs of a family, with the family's job count.
+fn family_wait(out: &ReplayOutcome, fam: &str) -> (usize, Option<f64>) {
+    let jobs: Vec<_> = out.jobs.iter().filter(|j| family(&j.job) == fam).collect();
+    let waits: Vec<u64> = jobs
+        .iter()
+        .filter_map(|j| Some(j.started? - j.arrival))
+        .collect();
+    let mean = (!waits.is_empty()).then(|| waits.iter().sum::<u64>() as f64 / waits.len() as f64);
+    (jobs.len(), mean)
+}
+
+/// The section saying what usage history changed: each job family whose mean gang wait moved,
+/// then per leaf queue the GPU-hours held, mean gang wait and completion and evicted pods,
+/// without and with it.
+fn compare(s: &mut String, plain: &ReplayOutcome, decayed: &ReplayOutcome, usage: UsageDecay) {
+    let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
+    let _ = writeln!(
+        s,
+        "\nWhat usage history changed (half-life {} s{}): without -> with",
+        usage.half_life_seconds,
+        window_text(usage)
+    );
+    let mut families: Vec<(&str, &str)> = decayed
+        .jobs
+        .iter()
+        .map(|j| (family(&j.job), j.queue.as_str()))
+        .collect();
+    families.sort();
+    families.dedup();
+    let mut moved = 0;
+    for (fam, queue) in families {
+        let (n, before) = family_wait(plain, fam);
+        let (_, after) = family_wait(decayed, fam);
+        if before != after {
+            moved += 1;
+            let _ = writeln!(
+                s,
+                "  {fam} ({queue}, {n} jobs): mean gang wait {} -> {} s",
+                fmt(before),
+                fmt(after)
+            );
+        }
+    }
+    if moved == 0 {
+        let _ = writeln!(s, "  no job family waited differently");
+    }
+    let _ = writeln!(
+        s,
+        "{:<18}{:>22}{:>22}{:>24}{:>14}",
+        "queue", "GPU-hours held", "mean wait s", "mean completion s", "evicted pods"
+    );
+    let evicted = |o: &ReplayOutcome, q: &str| -> u32 {
+        o.jobs
+            .iter()
+            .filter(|j| j.queue == q)
+            .map(|j| j.evictions)
+            .sum()
+    };
+    for q in leaf_queues(decayed) {
+        let (w0, c0) = waits(plain, &q);
+        let (w1, c1) = waits(decayed, &q);
+        let _ = writeln!(
+            s,
+            "{:<18}{:>22}{:>22}{:>24}{:>14}",
+            q,
+            format!(
+                "{:.1} -> {:.1}",
+                gpu_hours(plain, &q),
+                gpu_hours(decayed, &q)
+            ),
+            format!("{} -> {}", fmt(w0), fmt(w1)),
+            format!("{} -> {}", fmt(c0), fmt(c1)),
+            format!("{} -> {}", evicted(plain, &q), evicted(decayed, &q)),
+        );
+    }
 }
 
 fn leaf_queues(out: &ReplayOutcome) -> Vec<String> {
@@ -307,31 +478,60 @@ pub fn human(out: &ReplayOutcome, explain_waits: bool) -> String {
 
 /// Queue GPU shares over time as step curves.
 pub fn shares_svg(out: &ReplayOutcome) -> String {
-    let queues = leaf_queues(out);
-    let series: Vec<Series> = queues
-        .iter()
-        .map(|q| {
-            let mut points = Vec::new();
-            let mut prev: Option<f64> = None;
-            for s in &out.shares {
-                let v = s.gpu_pct.get(q).copied().unwrap_or(0.0);
-                if let Some(p) = prev {
-                    points.push((s.time as f64, p));
-                }
-                points.push((s.time as f64, v));
-                prev = Some(v);
-            }
-            Series { label: q, points }
-        })
-        .collect();
+    let points = share_points(out);
     line_chart(
         &format!("GPU share per queue: {}", out.workload),
         "time (s)",
         "GPU allocated (% of cluster)",
         (0.0, (out.makespan as f64).max(1.0)),
         (0.0, 100.0),
-        &series,
+        &series_of(&points),
     )
+}
+
+/// [`shares_svg`]'s chart without the document root, titled `title` (for stacking).
+fn shares_chart(out: &ReplayOutcome, title: &str) -> String {
+    let points = share_points(out);
+    chart_body(
+        &Axes {
+            title,
+            x_label: "time (s)",
+            y_label: "GPU allocated (% of cluster)",
+            x_range: (0.0, (out.makespan as f64).max(1.0)),
+            y_range: (0.0, 100.0),
+        },
+        &series_of(&points),
+    )
+}
+
+/// Each leaf queue's GPU share as a step curve.
+fn share_points(out: &ReplayOutcome) -> Vec<(String, Vec<(f64, f64)>)> {
+    leaf_queues(out)
+        .into_iter()
+        .map(|q| {
+            let mut points = Vec::new();
+            let mut prev: Option<f64> = None;
+            for s in &out.shares {
+                let v = s.gpu_pct.get(&q).copied().unwrap_or(0.0);
+                if let Some(p) = prev {
+                    points.push((s.time as f64, p));
+                }
+                points.push((s.time as f64, v));
+                prev = Some(v);
+            }
+            (q, points)
+        })
+        .collect()
+}
+
+fn series_of(points: &[(String, Vec<(f64, f64)>)]) -> Vec<Series<'_>> {
+    points
+        .iter()
+        .map(|(q, p)| Series {
+            label: q,
+            points: p.clone(),
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -347,7 +547,13 @@ mod tests {
 
     #[test]
     fn replay_accepts_only_the_core_policy() {
-        let e = run_workload(&default_workload_path(), Policy::Fgd, None, None, false).unwrap_err();
+        let e = run_workload(
+            &default_workload_path(),
+            Policy::Fgd,
+            &Outputs::default(),
+            UsageDecay::default(),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("accepted: tessera"), "{e}");
     }
 }

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use tessera_core::model::{Node, Pod, PodGroup, Queue, QueueResource};
+use tessera_core::model::{ModelQuota, Node, Pod, PodGroup, Queue, QueueResource};
 
 use tessera_gpushape::{YamlError, load_named, parse_yaml, read};
 
@@ -93,6 +93,27 @@ pub struct QueueEntry {
     /// Memory settings.
     #[serde(default)]
     pub memory: Option<ResourceEntry>,
+    /// GPU settings per GPU model (as a Queue's `spec.gpu.models`).
+    #[serde(default)]
+    pub gpu_models: Vec<ModelEntry>,
+}
+
+/// GPU quota settings of one GPU model.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelEntry {
+    /// The model key: the shape's model name with characters a label value cannot hold
+    /// replaced by `-` (`H100-80GB`).
+    pub model: String,
+    /// Deserved GPUs of the model.
+    #[serde(default)]
+    pub quota: f64,
+    /// Over-quota weight for the model; absent: the queue's GPU weight.
+    #[serde(default)]
+    pub weight: Option<f64>,
+    /// Hard limit in GPUs of the model; -1 = none.
+    #[serde(default = "minus_one")]
+    pub limit: f64,
 }
 
 /// One job (or `repeat` identical jobs): a gang of pods with a run time.
@@ -278,6 +299,20 @@ impl Workload {
                 ));
             }
         }
+        for (i, q) in self.queues.iter().enumerate() {
+            for (k, m) in q.gpu_models.iter().enumerate() {
+                if !tessera_contract::gpu_model::is_valid_key(&m.model) {
+                    return Err(invalid(
+                        format!("queues[{i}] ({}).gpu_models[{k}].model", q.name),
+                        format!(
+                            "`{}` is not {}",
+                            m.model,
+                            tessera_contract::gpu_model::KEY_FORM
+                        ),
+                    ));
+                }
+            }
+        }
         let mut queues: Vec<Queue> = self
             .queues
             .iter()
@@ -296,6 +331,16 @@ impl Workload {
                     gpu: r(q.gpu),
                     cpu: r(q.cpu),
                     memory: r(q.memory),
+                    gpu_models: q
+                        .gpu_models
+                        .iter()
+                        .map(|m| ModelQuota {
+                            model: m.model.clone(),
+                            quota: m.quota,
+                            over_quota_weight: m.weight,
+                            limit: m.limit,
+                        })
+                        .collect(),
                 }
             })
             .collect();

@@ -107,6 +107,10 @@ pub struct CoordinatorConfig {
     pub binds_in_flight: usize,
     /// How often the leader writes each node's `GpuNode` view (`kubectl tessera gpus`).
     pub gpu_view: gpu_view::GpuViewConfig,
+    /// At most this long between writes of a queue's usage history into its status (while
+    /// usage history is on, `cycle.usage`); sooner when it moved by more than a tenth, but
+    /// never more often than a tenth of this.
+    pub usage_write_interval: Duration,
     /// The agent registry to use; `None` = a fresh one. Tests pass their own to simulate
     /// agents without a gRPC stream.
     pub registry: Option<AgentRegistry>,
@@ -131,6 +135,7 @@ impl Default for CoordinatorConfig {
             bind_call_timeout: Duration::from_secs(10),
             binds_in_flight: 16,
             gpu_view: gpu_view::GpuViewConfig::default(),
+            usage_write_interval: Duration::from_secs(60),
             registry: None,
         }
     }

@@ -29,7 +29,9 @@
 //! one rollback path, `Planner::fail_unit`, so no partial gang is left bound.
 //!
 //! Logical time (`Snapshot::now`) is wall-clock Unix seconds, the clock of pods' creation
-//! times, so every replica agrees on it. Stale-gang timing (`below_min_member_since`) is kept
+//! times, so every replica agrees on it. Queues' usage history (when on) goes from each
+//! cycle's decisions into the next snapshot; a new leader starts from the Queues' status,
+//! where the status writer keeps it at a bounded rate. Stale-gang timing (`below_min_member_since`) is kept
 //! in memory: a new leader starts it afresh, which delays a stale-gang eviction by at most one
 //! grace period.
 
@@ -53,7 +55,7 @@ use super::status_queue::{StatusJob, StatusQueue};
 use crate::agents::AgentRegistry;
 use crate::ops::{Metrics, QueueSample};
 use tessera_core::cycle::{Decisions, schedule};
-use tessera_core::model::Resource;
+use tessera_core::model::{QueueUsage, Resource};
 
 /// Changes arriving in a burst (a Job creating its pods) are taken in one cycle.
 const SETTLE: Duration = Duration::from_millis(30);
@@ -78,6 +80,10 @@ pub struct Scheduler {
     refusals: Refusals,
     /// Which pods changed since the refusals last looked.
     refusal_log: super::pod_log::PodLog,
+    /// Each queue's usage history as the last cycle returned it (while usage history is
+    /// on); a queue not in it goes on from its status. Cleared when leadership changes: the
+    /// Queues' status is then the truth.
+    usage: BTreeMap<String, QueueUsage>,
     leader: watch::Receiver<bool>,
     /// Since when each node's agent may be called missing in pending pods' messages.
     agent_wait: AgentWait,
@@ -105,7 +111,7 @@ impl Scheduler {
             binder: Binder::new(client.clone(), events.clone())
                 .with_call_timeout(config.bind_call_timeout),
             status: StatusQueue::start(
-                StatusWriter::new(client, events),
+                StatusWriter::new(client, events).with_usage_interval(config.usage_write_interval),
                 config.scheduler_name.clone(),
             ),
             term: 0,
@@ -115,6 +121,7 @@ impl Scheduler {
             refusals: Refusals::default(),
             refusal_log: cache.pod_log(),
             agent_wait: AgentWait::new(config.agent_grace),
+            usage: BTreeMap::new(),
             config,
             cache,
             registry,
@@ -139,6 +146,7 @@ impl Scheduler {
             if leading != was_leader {
                 self.planner = Planner::new(self.config.bind_wait_timeout);
                 self.term += 1;
+                self.usage.clear();
                 if leading {
                     tracing::info!(identity = %self.config.identity, "leading: scheduling");
                     // Agents connect only to the leader: each has its grace period from now.
@@ -216,8 +224,26 @@ impl Scheduler {
             .snapshot
             .pods
             .retain(|p| !nominated.contains(&p.uid));
+        if self.config.cycle.usage.is_on() {
+            let from_status = store
+                .queues
+                .values()
+                .filter(|q| {
+                    q.metadata
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| !self.usage.contains_key(n))
+                })
+                .filter_map(|q| crate::translate::queue::usage_of(q));
+            translated.snapshot.usage = self.usage.values().cloned().chain(from_status).collect();
+        }
         let started = Instant::now();
         let decisions = schedule(&translated.snapshot, &self.config.cycle);
+        self.usage = decisions
+            .usage
+            .iter()
+            .map(|u| (u.queue.clone(), u.clone()))
+            .collect();
         self.metrics.observe_cycle(started.elapsed());
         self.planner
             .note_gangs_below_min(&decisions.gangs_below_min, at);
@@ -450,7 +476,7 @@ fn pending_category(p: &tessera_core::cycle::PendingExplanation) -> &'static str
         Reason::UnknownQueue { .. } | Reason::NotLeafQueue { .. } => "queue",
         Reason::GroupLargerThanCluster { .. } => "group-larger-than-cluster",
         Reason::WaitingForMembers { .. } | Reason::BeyondMaxMember { .. } => "gang-incomplete",
-        Reason::QueueOverLimit { .. } => "queue-limit",
+        Reason::QueueOverLimit { .. } | Reason::QueueOverModelLimit { .. } => "queue-limit",
         Reason::GangUnschedulable { .. } => "gang-unschedulable",
         Reason::NoTopologyDomain { .. } | Reason::UnknownTopologyLevel { .. } => "topology",
         Reason::NoReclaimVictims { .. } => "fair-share",

@@ -27,10 +27,10 @@ use super::events::{self, EventKind, EventWriter};
 use super::occupancy;
 use crate::crd::validate::{self, Problem};
 use crate::crd::{
-    Condition, PodGroup, PodGroupStatus, Queue, QueueStatus, ResourceAmounts, Topology,
-    TopologyStatus,
+    Condition, GpuModelAmounts, PodGroup, PodGroupStatus, Queue, QueueStatus, QueueUsage,
+    ResourceAmounts, Topology, TopologyStatus,
 };
-use crate::translate::Translated;
+use crate::translate::{self, Translated};
 use tessera_core::cycle::{Decisions, NodeReason, Reason};
 
 /// How many fenced GPUs (or nodes) of one kind a pending pod's message names.
@@ -56,6 +56,9 @@ pub struct StatusWriter {
     written: HashMap<String, serde_json::Value>,
     /// Pod uid → the `status.nominatedNodeName` last written (`None`: cleared).
     nominated: HashMap<String, Option<String>>,
+    /// At most this long between writes of a queue's usage history alone (see
+    /// [`usage_due`]).
+    usage_interval: std::time::Duration,
 }
 
 impl StatusWriter {
@@ -68,7 +71,15 @@ impl StatusWriter {
             pod_warnings: HashMap::new(),
             written: HashMap::new(),
             nominated: HashMap::new(),
+            usage_interval: std::time::Duration::from_secs(60),
         }
+    }
+
+    /// Writes a queue's usage history alone at most every `interval` (sooner when it moved by
+    /// more than a tenth, but never more often than a tenth of `interval`).
+    pub fn with_usage_interval(mut self, interval: std::time::Duration) -> Self {
+        self.usage_interval = interval;
+        self
     }
 
     /// Forgets what was written (leadership changed: the API's state is the truth again).
@@ -401,15 +412,37 @@ impl StatusWriter {
                     v[2].max(0.0).round() as u64,
                 )
             };
-            let desired = QueueStatus {
+            let gpus = |milli: f64| milli.round() / 1000.0;
+            let mut desired = QueueStatus {
                 allocated: share.map(|s| amounts(&s.allocated)),
                 requested: share.map(|s| amounts(&s.requested)),
                 fair_share: share.map(|s| amounts(&s.fair_share)),
+                gpu_models: share
+                    .map(|s| {
+                        s.models
+                            .iter()
+                            .map(|m| GpuModelAmounts {
+                                model: m.model.clone(),
+                                allocated: gpus(m.allocated),
+                                requested: gpus(m.requested),
+                                fair_share: gpus(m.fair_share),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                // Kept as it is unless due (below): usage moves every cycle.
+                usage: old.usage.clone(),
                 conditions: keep_times(
                     &old.conditions,
                     vec![validate::condition(problems, q.metadata.generation, now)],
                 ),
             };
+            if let Some(u) = decisions.usage.iter().find(|u| u.queue == name) {
+                let fresh = translate::queue::usage_status(u);
+                if desired != old || usage_due(old.usage.as_ref(), &fresh, self.usage_interval) {
+                    desired.usage = Some(fresh);
+                }
+            }
             if desired != old {
                 let api: Api<Queue> = Api::all(self.client.clone());
                 self.write_status(api, q.as_ref(), &desired).await;
@@ -471,6 +504,35 @@ impl StatusWriter {
             Err(error) => tracing::warn!(object = %key, %error, "could not write status"),
         }
     }
+}
+
+/// Whether a queue's usage history `fresh` is due to be written over `written` (what its
+/// status holds): when there is none, when `interval` has passed since it was written, or when
+/// a tenth of `interval` has and some amount moved by more than a tenth (and more than one
+/// unit-second). Bounds the writes to at most ten per queue per interval, however often
+/// cycles run, while a new leader loses at most `interval` of history.
+pub fn usage_due(
+    written: Option<&QueueUsage>,
+    fresh: &QueueUsage,
+    interval: std::time::Duration,
+) -> bool {
+    let Some(old) = written else {
+        return true;
+    };
+    let time = |t: &str| t.parse::<jiff::Timestamp>().ok().map(|t| t.as_second());
+    let (Some(then), Some(now)) = (time(&old.updated_at), time(&fresh.updated_at)) else {
+        return true;
+    };
+    let elapsed = now.saturating_sub(then).max(0) as u64;
+    let interval = interval.as_secs().max(1);
+    if elapsed >= interval {
+        return true;
+    }
+    let moved = |a: f64, b: f64| (a - b).abs() > 1.0 && (a - b).abs() > 0.1 * a.abs().max(b.abs());
+    elapsed * 10 >= interval
+        && (moved(old.gpu_seconds, fresh.gpu_seconds)
+            || moved(old.cpu_seconds, fresh.cpu_seconds)
+            || moved(old.memory_gib_seconds, fresh.memory_gib_seconds))
 }
 
 /// Keeps each condition's old transition time when its status did not change.

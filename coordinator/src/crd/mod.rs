@@ -18,8 +18,8 @@ pub use gpunode::{AgentView, GpuNode, GpuNodeSpec, GpuNodeStatus, GpuView, Share
 pub use podgroup::{GroupTopology, PodGroup, PodGroupSpec, PodGroupStatus};
 pub use quantity::{QuantityError, QuantityValue};
 pub use queue::{
-    GpuQuota, NamespaceSelector, QuantityQuota, Queue, QueueSpec, QueueStatus, ResourceAmounts,
-    SelectorRequirement,
+    GpuModelAmounts, GpuModelQuota, GpuQuota, NamespaceSelector, QuantityQuota, Queue, QueueSpec,
+    QueueStatus, QueueUsage, ResourceAmounts, SelectorRequirement,
 };
 pub use topology::{Topology, TopologyLevel, TopologySpec, TopologyStatus};
 

@@ -10,6 +10,7 @@ use super::podgroup::PodGroup;
 use super::quantity::QuantityValue;
 use super::queue::Queue;
 use super::topology::Topology;
+use tessera_contract::gpu_model;
 
 /// One problem with an object.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,6 +50,29 @@ pub fn queue(q: &Queue) -> Vec<Problem> {
             Some(g.limit),
             "GPUs such as 2 or 0.5",
         );
+        let mut seen = BTreeSet::new();
+        for (i, m) in g.models.iter().enumerate() {
+            let res = format!("gpu.models[{i}]");
+            if !gpu_model::is_valid_key(&m.model) {
+                out.push(Problem::new(
+                    format!("spec.{res}.model"),
+                    format!("{:?} is not {}", m.model, gpu_model::KEY_FORM),
+                ));
+            } else if !seen.insert(m.model.as_str()) {
+                out.push(Problem::new(
+                    format!("spec.{res}.model"),
+                    format!("{:?} appears twice; list each GPU model once", m.model),
+                ));
+            }
+            check_amounts(
+                &mut out,
+                &res,
+                Some(m.quota),
+                m.over_quota_weight.unwrap_or(1.0),
+                Some(m.limit),
+                "GPUs such as 2 or 0.5",
+            );
+        }
     }
     for (name, settings) in [("cpu", &q.spec.cpu), ("memory", &q.spec.memory)] {
         let Some(s) = settings else { continue };

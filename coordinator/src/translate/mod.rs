@@ -348,6 +348,9 @@ fn assemble(inputs: &Inputs<'_>, mut memo: Option<&mut PodMemo>) -> Translated {
                 })
                 .collect(),
             disruption_budgets: budgets::translate(&inputs.disruption_budgets, &inputs.pods),
+            // The scheduling loop fills it (what the last cycle returned, else the Queues'
+            // status): the translation does not know the previous cycle.
+            usage: Vec::new(),
         },
         queue_problems,
         group_problems,

@@ -1,5 +1,6 @@
-//! Queue CRD → the core's queue, in accounting units: GPUs, milli-cores, MiB; and which
-//! namespaces may submit to each queue ([`Tenancy`]).
+//! Queue CRD → the core's queue, in accounting units: GPUs, milli-cores, MiB (per GPU model
+//! too); its usage history to and from its status; and which namespaces may submit to each
+//! queue ([`Tenancy`]).
 
 use std::collections::BTreeMap;
 
@@ -9,9 +10,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 };
 
 use crate::crd::quantity::{QuantityValue, Round};
-use crate::crd::{NamespaceSelector, QuantityQuota, Queue as QueueCrd, QueueSpec};
+use crate::crd::{
+    NamespaceSelector, QuantityQuota, Queue as QueueCrd, QueueSpec, QueueUsage as UsageStatus,
+};
+use tessera_contract::gpu_model;
 use tessera_core::constraints::labels;
-use tessera_core::model::{LabelSelector, Queue, QueueResource};
+use tessera_core::model::{LabelSelector, ModelQuota, Queue, QueueResource, QueueUsage};
 
 /// Translates a Queue object. Malformed values (negative quota or weight, unreadable
 /// quantities) are reported by [`crate::crd::validate::queue`]; here they fall back to the safe
@@ -31,6 +35,28 @@ pub fn translate(q: &QueueCrd) -> Queue {
             },
         })
         .unwrap_or_default();
+    let gpu_models = s
+        .gpu
+        .as_ref()
+        .map(|g| {
+            g.models
+                .iter()
+                // A malformed key (refused by the CRD's schema, reported by validation) names
+                // no GPU's model: it is left out rather than matched by accident.
+                .filter(|m| gpu_model::is_valid_key(&m.model))
+                .map(|m| ModelQuota {
+                    model: m.model.clone(),
+                    quota: non_negative(m.quota),
+                    over_quota_weight: m.over_quota_weight.filter(|w| w.is_finite() && *w >= 0.0),
+                    limit: if m.limit.is_finite() && m.limit >= 0.0 {
+                        m.limit
+                    } else {
+                        -1.0
+                    },
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     Queue {
         name: q.metadata.name.clone().unwrap_or_default(),
         parent: s.parent.clone().filter(|p| !p.is_empty()),
@@ -38,6 +64,38 @@ pub fn translate(q: &QueueCrd) -> Queue {
         gpu,
         cpu: quantities(s.cpu.as_ref(), |v| v.milli(Round::Down)),
         memory: quantities(s.memory.as_ref(), |v| v.mib(Round::Down)),
+        gpu_models,
+    }
+}
+
+/// A queue's usage history as its status keeps it (`status.usage`), in the core's units
+/// (milli-GPU·s, milli-core·s, MiB·s); `None` without one, or with an `updatedAt` that is not
+/// an RFC 3339 time. The core takes what the queue holds now as what it held since.
+pub fn usage_of(q: &QueueCrd) -> Option<QueueUsage> {
+    let u = q.status.as_ref()?.usage.as_ref()?;
+    let at: jiff::Timestamp = u.updated_at.parse().ok()?;
+    Some(QueueUsage {
+        queue: q.metadata.name.clone()?,
+        at: u64::try_from(at.as_second()).ok()?,
+        used: [
+            u.gpu_seconds * 1000.0,
+            u.cpu_seconds * 1000.0,
+            u.memory_gib_seconds * 1024.0,
+        ],
+        holding: None,
+    })
+}
+
+/// The core's usage record as a Queue's `status.usage` ([`usage_of`]'s inverse, up to the
+/// recorded holding, which the status does not keep).
+pub fn usage_status(u: &QueueUsage) -> UsageStatus {
+    let at = jiff::Timestamp::from_second(i64::try_from(u.at).unwrap_or(i64::MAX))
+        .unwrap_or(jiff::Timestamp::MAX);
+    UsageStatus {
+        gpu_seconds: u.used[0] / 1000.0,
+        cpu_seconds: u.used[1] / 1000.0,
+        memory_gib_seconds: u.used[2] / 1024.0,
+        updated_at: at.to_string(),
     }
 }
 

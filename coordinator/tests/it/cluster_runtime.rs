@@ -688,8 +688,7 @@ async fn queue(client: &kube::Client, name: &str, gpus: f64) {
         QueueSpec {
             gpu: Some(GpuQuota {
                 quota: gpus,
-                over_quota_weight: 1.0,
-                limit: -1.0,
+                ..GpuQuota::default()
             }),
             ..QueueSpec::default()
         },

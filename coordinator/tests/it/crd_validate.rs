@@ -152,6 +152,35 @@ fn queue_fields() {
             "spec.namespaceSelector.matchExpressions[0].values[1]",
             &["\"-no\"", "label value"],
         ),
+        (
+            json!({"gpu": {"models": [{"model": "NVIDIA H100"}]}}),
+            "spec.gpu.models[0].model",
+            &[
+                "\"NVIDIA H100\"",
+                "nvidia.com/gpu.product",
+                "NVIDIA-H100-80GB-HBM3",
+            ],
+        ),
+        (
+            json!({"gpu": {"models": [{"model": "L40S"}, {"model": "L40S"}]}}),
+            "spec.gpu.models[1].model",
+            &["twice"],
+        ),
+        (
+            json!({"gpu": {"models": [{"model": "L40S", "quota": -2}]}}),
+            "spec.gpu.models[0].quota",
+            &["negative"],
+        ),
+        (
+            json!({"gpu": {"models": [{"model": "L40S", "quota": 3, "limit": 1}]}}),
+            "spec.gpu.models[0].limit",
+            &["below the quota"],
+        ),
+        (
+            json!({"gpu": {"models": [{"model": "L40S", "overQuotaWeight": -1}]}}),
+            "spec.gpu.models[0].overQuotaWeight",
+            &["negative"],
+        ),
     ];
     for (spec, field, words) in cases {
         let problems = validate::queue(&queue("q", spec.clone()));
@@ -163,6 +192,8 @@ fn queue_fields() {
         json!({"gpu": {"quota": 2, "limit": 2}}),
         json!({"cpu": {"quota": 32, "limit": "64"}, "memory": {"quota": "64Gi", "limit": -1}}),
         json!({"cpu": {"quota": "500m"}}),
+        json!({"gpu": {"quota": 4, "models": [{"model": "NVIDIA-H100-80GB-HBM3", "quota": 2, "limit": 4},
+                                              {"model": "L40S", "overQuotaWeight": 0}]}}),
         json!({"namespaces": []}),
         json!({"namespaces": ["team-a", "b0"], "namespaceSelector": {}}),
         json!({"namespaceSelector": {"matchLabels": {"example.com/team": "ml", "tier": ""},

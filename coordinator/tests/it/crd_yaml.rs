@@ -141,7 +141,13 @@ metadata: {name: team-a}
 spec:
   parent: org
   priority: 1
-  gpu: {quota: 2.5, overQuotaWeight: 2, limit: -1}
+  gpu:
+    quota: 2.5
+    overQuotaWeight: 2
+    limit: -1
+    models:
+      - {model: NVIDIA-H100-80GB-HBM3, quota: 1, limit: 2}
+      - {model: L40S, overQuotaWeight: 3}
   cpu: {quota: 32, limit: "64"}
   memory: {quota: 64Gi, overQuotaWeight: 1, limit: -1}
   namespaces: [team-a, team-b]
@@ -157,16 +163,28 @@ spec:
     let listed = queues.list(&ListParams::default()).await.unwrap();
     assert_eq!(listed.items.len(), 1);
     assert_eq!(listed.items[0].spec, q.spec);
+    let translated = tessera_coordinator::translate::queue::translate(&listed.items[0]);
+    assert_eq!(translated.gpu_models.len(), 2);
+    assert_eq!(translated.gpu_models[0].model, "NVIDIA-H100-80GB-HBM3");
+    assert_eq!(translated.gpu_models[1].over_quota_weight, Some(3.0));
     let status = json!({"status": {
         "allocated": {"gpu": 1.5, "cpu": "4", "memory": "16Gi"},
         "fairShare": {"gpu": 2.5, "cpu": "32", "memory": "64Gi"},
+        "gpuModels": [{"model": "L40S", "allocated": 1, "requested": 2, "fairShare": 1.5}],
+        "usage": {"gpuSeconds": 3600.5, "cpuSeconds": 10, "memoryGiBSeconds": 2.25,
+                  "updatedAt": "2026-01-01T00:00:00Z"},
         "conditions": [{"type": "Valid", "status": "True", "reason": "Valid", "message": ""}]}});
     let patched = queues
         .patch_status("team-a", &PatchParams::default(), &Patch::Merge(&status))
         .await
         .unwrap();
+    // The usage history comes back from the server as the core's record, to the unit.
+    let usage = tessera_coordinator::translate::queue::usage_of(&patched).expect("usage");
+    assert_eq!(usage.at, 1_767_225_600);
+    assert_eq!(usage.used, [3_600_500.0, 10_000.0, 2304.0]);
     let st = patched.status.expect("status");
     assert_eq!(st.fair_share.map(|f| f.gpu), Some(2.5));
+    assert_eq!(st.gpu_models[0].fair_share, 1.5);
     assert_eq!(st.conditions[0].type_, "Valid");
 
     // Namespace rules the server refuses, each with the form it accepts.
@@ -194,6 +212,35 @@ spec:
         (
             json!({"namespaceSelector": {"matchExpressions": [{"key": "a b", "operator": "Exists"}]}}),
             &["matchExpressions[0].key", "should match"][..],
+        ),
+        // GPU model keys: the form nvidia.com/gpu.product spells, once each.
+        (
+            json!({"gpu": {"models": [{"model": "NVIDIA H100 80GB HBM3", "quota": 1}]}}),
+            &[
+                "spec.gpu.models[0].model",
+                "must be a GPU model as nvidia.com/gpu.product spells it",
+                "e.g. NVIDIA-H100-80GB-HBM3",
+            ][..],
+        ),
+        (
+            json!({"gpu": {"models": [{"model": "L40S"}, {"model": "-H100"}]}}),
+            &["spec.gpu.models[1].model", "letters, digits"][..],
+        ),
+        (
+            json!({"gpu": {"models": [{"model": "x".repeat(64)}]}}),
+            &["spec.gpu.models[0].model", "63"][..],
+        ),
+        (
+            json!({"gpu": {"models": [{"model": "L40S"}, {"model": "L40S", "quota": 2}]}}),
+            &["spec.gpu.models[1]", "Duplicate value"][..],
+        ),
+        (
+            json!({"gpu": {"models": [{"model": "L40S", "quota": 4, "limit": 2}]}}),
+            &["gpu.models[].limit must be -1 (no limit) or at least the model's quota"][..],
+        ),
+        (
+            json!({"gpu": {"models": [{"model": "L40S", "quota": -1}]}}),
+            &["spec.gpu.models[0].quota", "greater than or equal to 0"][..],
         ),
     ] {
         let bad: Queue = serde_json::from_value(json!({

@@ -23,6 +23,7 @@ mod e2e_evictions;
 mod e2e_kubectl;
 mod e2e_messages;
 mod e2e_node_labels;
+mod e2e_queues;
 mod e2e_resilience;
 mod e2e_scheduling;
 mod e2e_tenancy;

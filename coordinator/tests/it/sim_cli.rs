@@ -226,6 +226,69 @@ fn replay_writes_outputs_and_rejects_bad_files() {
 }
 
 #[test]
+fn replay_with_usage_history_runs_without_it_too_and_says_what_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    let svg = dir.path().join("r.svg");
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/workloads/sample.yaml");
+    let o = run(&[
+        "simulate",
+        "replay",
+        "--workload",
+        sample.to_str().unwrap(),
+        "--usage-half-life-secs",
+        "1800",
+        "--json",
+        json.to_str().unwrap(),
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        out.contains("What usage history changed (half-life 1800 s): without -> with"),
+        "{out}"
+    );
+    assert!(
+        out.contains("nightly (product-batch, 24 jobs): mean gang wait"),
+        "{out}"
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    for run in ["without_usage_history", "with_usage_history"] {
+        assert!(doc[run]["jobs"].is_array(), "{run}");
+    }
+    assert!(
+        doc["with_usage_history"]["shares"][1]["usage_factor"]["research"].is_f64(),
+        "the factors are in the JSON"
+    );
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        plot.contains("With usage history (half-life 1800 s)"),
+        "{plot}"
+    );
+    assert!(
+        plot.matches("<g transform").count() >= 2,
+        "both runs stacked"
+    );
+    // A window without a half-life would do nothing: refused, saying what to give.
+    let o = run(&[
+        "simulate",
+        "replay",
+        "--workload",
+        sample.to_str().unwrap(),
+        "--usage-window-secs",
+        "600",
+    ]);
+    let (_, err) = text(&o);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("--usage-window-secs 600") && err.contains("--usage-half-life-secs"),
+        "{err}"
+    );
+}
+
+#[test]
 fn replay_explain_says_why_each_job_waited_and_what_parents_hold() {
     let dir = tempfile::tempdir().unwrap();
     // x (not preemptible) fills the node; y waits for it to finish.

@@ -68,6 +68,16 @@ pub const RULES: &[Rule] = &[
         why: "fairshare depends only on model",
     },
     Rule {
+        path: "coordinator/core/src/usage.rs",
+        never: &[
+            "crate::placement",
+            "crate::actions",
+            "crate::cycle",
+            "crate::constraints",
+        ],
+        why: "usage depends only on model and fairshare's Share",
+    },
+    Rule {
         path: "coordinator/core/src/placement",
         never: &[
             "crate::actions",

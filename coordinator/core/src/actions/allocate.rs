@@ -174,6 +174,7 @@ impl Engine<'_> {
         };
         let q = self.jobs[j].queue;
         let mut gang_ok = true;
+        self.model_limit_hit = None;
         if need > 0 {
             let gang = &pending[..need];
             if let Some(r) = self.over_limit(q, self.request_floor_of(gang)) {
@@ -187,6 +188,10 @@ impl Engine<'_> {
                 self.note_all(gang, r);
                 return false;
             }
+            if !gang_ok && let Some((a, m)) = self.model_limit_hit.take() {
+                let r = self.model_limit_reason(a, m);
+                self.note_all(gang, r);
+            }
         }
         if !gang_ok || mode != Mode::Allocate {
             return gang_ok;
@@ -199,8 +204,13 @@ impl Engine<'_> {
             }
             let restrict = self.group_domain(j);
             let cp = self.st.checkpoint();
+            self.model_limit_hit = None;
             if !self.place_one(p, restrict.as_deref(), None, mode) {
-                self.note(p, Reason::NotReached);
+                let r = match self.model_limit_hit.take() {
+                    Some((a, m)) => self.model_limit_reason(a, m),
+                    None => Reason::NotReached,
+                };
+                self.note(p, r);
             } else if let Some(r) = self.exceeds_limit(q) {
                 self.st.rollback(&self.ctx, cp);
                 self.note(p, r);
@@ -238,7 +248,10 @@ impl Engine<'_> {
         let uniform = gang
             .iter()
             .all(|&p| self.ctx.pods[p as usize].demand == self.ctx.pods[gang[0] as usize].demand)
-            && gang.iter().all(|&p| !self.ctx.pods[p as usize].dynamic);
+            && gang.iter().all(|&p| {
+                let info = &self.ctx.pods[p as usize];
+                !info.dynamic && !info.model_capped
+            });
         let topo = group.map(|g| {
             (
                 self.ctx.groups[g].required_level,
@@ -415,7 +428,17 @@ impl Engine<'_> {
         let info = &self.ctx.pods[p as usize];
         let d = info.demand;
         let did = info.demand_id;
-        let cacheable = self.cache_on && restrict.is_none() && exclude.is_none() && !info.dynamic;
+        let cacheable = self.cache_on
+            && restrict.is_none()
+            && exclude.is_none()
+            && !info.dynamic
+            && !info.model_capped;
+        // The queue's per-model limits: milli-GPU a choice may add to each named model.
+        let model_room = info
+            .queue
+            .filter(|_| info.model_capped)
+            .map(|q| self.model_room(q));
+        let mut limit_hit: Option<(usize, usize)> = None;
         if cacheable && self.failed.contains(&did) {
             return None;
         }
@@ -444,6 +467,12 @@ impl Engine<'_> {
             let Ok(c) = choices.place(n, version, node, &d, did, &ctx.mix, &ctx.cfg.weights) else {
                 return scored < k_max && visited < v_max;
             };
+            if let Some(room) = &model_room
+                && let Some(hit) = model_limited(ctx, room, n, &c.gpus)
+            {
+                limit_hit.get_or_insert(hit);
+                return scored < k_max && visited < v_max;
+            }
             let score = c.score;
             let pr = if needs_prepared {
                 Some(&*prepared.get_or_insert_with(|| {
@@ -505,6 +534,52 @@ impl Engine<'_> {
         if found.is_none() && cacheable && self.depth == 0 {
             self.failed.insert(did);
         }
+        if found.is_none() && limit_hit.is_some() {
+            self.model_limit_hit = limit_hit;
+        }
         found
     }
+
+    /// Per queue on `q`'s path that limits some GPU model: per model, the milli-GPU it may
+    /// still take (`u64::MAX` where it sets no limit).
+    fn model_room(&self, q: usize) -> Vec<(usize, Vec<u64>)> {
+        self.ctx
+            .tree
+            .path(q)
+            .filter_map(|a| {
+                let node = &self.ctx.tree.nodes[a];
+                let room: Vec<u64> = (0..self.ctx.tree.models.len())
+                    .map(|m| match node.model_limit(m) {
+                        // Limits are whole milli-GPU amounts (GPUs × 1000, three decimals).
+                        Some(l) => (l.round() as u64).saturating_sub(self.st.model_alloc[a][m]),
+                        None => u64::MAX,
+                    })
+                    .collect();
+                room.iter().any(|&r| r != u64::MAX).then_some((a, room))
+            })
+            .collect()
+    }
+}
+
+/// The queue and model whose room (see `Engine::model_room`) `gpus` on node `n` would pass.
+fn model_limited(
+    ctx: &super::context::Ctx,
+    room: &[(usize, Vec<u64>)],
+    n: u32,
+    gpus: &[(u32, u32, u64)],
+) -> Option<(usize, usize)> {
+    // Milli-GPU per named model; a pod's GPUs are mostly of one model, so a short list.
+    let mut take: Vec<(usize, u64)> = Vec::new();
+    for &(g, c, _) in gpus {
+        let m = ctx.gpu_model(n, g);
+        if m == super::context::NO_MODEL {
+            continue;
+        }
+        match take.iter_mut().find(|(x, _)| *x == m as usize) {
+            Some((_, sum)) => *sum += u64::from(c),
+            None => take.push((m as usize, u64::from(c))),
+        }
+    }
+    room.iter()
+        .find_map(|(a, r)| take.iter().find(|&&(m, c)| c > r[m]).map(|&(m, _)| (*a, m)))
 }

@@ -42,7 +42,13 @@ pub struct PodInfo {
     pub prefers: bool,
     /// Dense id of `demand`: pods with equal demands share it (the placement cache's key).
     pub demand_id: u32,
+    /// A queue on its path has a per-model GPU limit: where it may go depends on what its
+    /// queue holds, so its failures are kept out of the caches keyed by demand.
+    pub model_capped: bool,
 }
+
+/// [`Ctx::gpu_model`] of a GPU whose model no queue names.
+pub(crate) const NO_MODEL: u32 = u32::MAX;
 
 /// A pod group (explicit or implied by pods' `tessera.dev/pod-group` + `min-member`).
 #[derive(Clone, Debug)]
@@ -104,6 +110,14 @@ pub struct Ctx<'a> {
     pub soft_taints: bool,
     /// PodDisruptionBudgets covering the pods.
     pub budgets: super::Budgets,
+    /// Per node and GPU: the index in `tree.models` of the GPU's model, or [`NO_MODEL`];
+    /// empty while no queue names a model.
+    pub gpu_model: Vec<Vec<u32>>,
+    /// Per model of `tree.models`: the ids (of `models`) of the GPU model names whose key it
+    /// is, for matching pods' accepted models.
+    pub model_names: Vec<crate::placement::frag::ModelSet>,
+    /// Per model of `tree.models`: milli-GPU of its healthy GPUs on schedulable nodes.
+    pub model_capacity: Vec<f64>,
 }
 
 /// What a pod's static constraints are made of; pods with equal keys pass the same nodes.
@@ -204,7 +218,11 @@ impl<'a> Ctx<'a> {
                     .any(|t| t.effect == crate::model::TaintEffect::PreferNoSchedule)
             }),
             budgets: super::Budgets::build(snap),
+            gpu_model: Vec::new(),
+            model_names: Vec::new(),
+            model_capacity: Vec::new(),
         };
+        ctx.index_models();
         let mut classes: BTreeMap<StaticKey, u32> = BTreeMap::new();
         let any_static = snap
             .nodes
@@ -296,7 +314,72 @@ impl<'a> Ctx<'a> {
             dynamic: exposed || constraints::is_dynamic(p),
             prefers: self.soft_taints || constraints::has_preferences(p),
             demand_id: 0,
+            model_capped: queue.is_some_and(|q| {
+                self.tree.path(q).any(|a| {
+                    (0..self.tree.models.len()).any(|m| self.tree.nodes[a].model_limit(m).is_some())
+                })
+            }),
         }
+    }
+
+    /// Fills the per-model indexes (only when some queue names a GPU model).
+    fn index_models(&mut self) {
+        let dims = self.tree.models.len();
+        if dims == 0 {
+            return;
+        }
+        let mut dim_of: FxHashMap<&str, u32> = FxHashMap::default();
+        let mut names = vec![crate::placement::frag::ModelSet(0); dims];
+        let mut capacity = vec![0.0; dims];
+        let tree = &self.tree;
+        let models = &self.models;
+        self.gpu_model = self
+            .snap
+            .nodes
+            .iter()
+            .map(|n| {
+                n.gpus
+                    .iter()
+                    .map(|g| {
+                        let dim = *dim_of.entry(g.model.as_str()).or_insert_with(|| {
+                            let key = tessera_contract::gpu_model::key_of(&g.model);
+                            let dim = tree.model(&key).map_or(NO_MODEL, |d| d as u32);
+                            if let (Some(set), Some(id)) =
+                                (names.get_mut(dim as usize), models.id(&g.model))
+                            {
+                                set.0 |= crate::placement::frag::ModelSet::single(id).0;
+                            }
+                            dim
+                        });
+                        if dim != NO_MODEL && n.schedulable && g.healthy {
+                            capacity[dim as usize] += GPU_MILLI_U64 as f64;
+                        }
+                        dim
+                    })
+                    .collect()
+            })
+            .collect();
+        self.model_names = names;
+        self.model_capacity = capacity;
+    }
+
+    /// The model index (of `tree.models`) of GPU `g` of node `n`, or [`NO_MODEL`].
+    pub fn gpu_model(&self, n: u32, g: u32) -> u32 {
+        self.gpu_model
+            .get(n as usize)
+            .and_then(|gs| gs.get(g as usize))
+            .copied()
+            .unwrap_or(NO_MODEL)
+    }
+
+    /// Whether pod `p` (asking for GPUs) may land on GPUs of model `m`.
+    pub fn may_use_model(&self, p: u32, m: usize) -> bool {
+        let d = &self.pods[p as usize].demand;
+        d.gpu_count > 0
+            && self
+                .model_names
+                .get(m)
+                .is_some_and(|s| d.models.0 & s.0 != 0)
     }
 
     /// Memory (MiB) of the GPU a request of `mib` per GPU lands on: the smallest healthy GPU of

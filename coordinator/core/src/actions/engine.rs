@@ -3,10 +3,13 @@
 use std::collections::BTreeMap;
 
 use crate::cycle::{
-    Binding, CycleConfig, Decisions, Eviction, EvictionReason, QueueShareStatus, Reason,
+    Binding, CycleConfig, Decisions, Eviction, EvictionReason, ModelShareStatus, QueueShareStatus,
+    Reason,
 };
-use crate::fairshare::{Share, dominant_share, fair_shares};
-use crate::model::{Assignment, ContainerAssignment, GpuSlice, Resource, Snapshot};
+use crate::fairshare::{
+    DimShare, Share, dominant_share, fair_shares, fair_shares_weighted, model_fair_shares,
+};
+use crate::model::{Assignment, ContainerAssignment, GpuSlice, QueueUsage, Resource, Snapshot};
 use rustc_hash::FxHashSet;
 
 use crate::placement::{ChoiceCache, PodDemand};
@@ -39,6 +42,14 @@ impl QueueKey {
     }
 }
 
+/// Each queue's usage history in one cycle (indexed like the queue tree).
+pub struct UsageState {
+    /// Decayed resource-seconds at the snapshot's time.
+    pub used: Vec<[f64; 3]>,
+    /// The factor on the queue's over-quota weight, per resource.
+    pub factors: Vec<[f64; 3]>,
+}
+
 /// Runs the actions of one cycle over a snapshot.
 pub struct Engine<'a> {
     /// Read-only context.
@@ -48,6 +59,13 @@ pub struct Engine<'a> {
     pub st: State,
     /// Fair share per queue.
     pub shares: Vec<Share>,
+    /// Fair share per GPU model of the queue tree's models and queue (`[model][queue]`).
+    pub model_shares: Vec<Vec<DimShare>>,
+    /// While usage history is on: per queue, its decayed usage at the snapshot's time and
+    /// the factor on its over-quota weights.
+    pub usage: Option<UsageState>,
+    /// The queue and GPU model whose limit kept the current job off some node.
+    pub(crate) model_limit_hit: Option<(usize, usize)>,
     /// Jobs.
     pub jobs: Vec<Job>,
     /// Job indices per queue, in queue order (priority desc, oldest first).
@@ -99,7 +117,31 @@ impl<'a> Engine<'a> {
                 }
             }
         }
-        let shares = fair_shares(&ctx.tree, ctx.capacity.as_f64(), &demand);
+        let usage = config.usage.is_on().then(|| usage_history(&ctx, config));
+        let factors = usage.as_ref().map(|u| u.factors.as_slice());
+        let shares = fair_shares_weighted(&ctx.tree, ctx.capacity.as_f64(), &demand, factors);
+        let model_shares = if ctx.tree.models.is_empty() {
+            Vec::new()
+        } else {
+            let dims = ctx.tree.models.len();
+            let mut model_demand = vec![vec![0.0; dims]; ctx.tree.len()];
+            for (q, d) in model_demand.iter_mut().enumerate() {
+                if ctx.tree.nodes[q].is_leaf() {
+                    for (slot, &a) in d.iter_mut().zip(&st.model_alloc[q]) {
+                        *slot = a as f64;
+                    }
+                }
+            }
+            for j in &jobs {
+                for &p in &j.pods {
+                    let gpu = ctx.pods[p as usize].request.gpu_milli as f64;
+                    for m in (0..dims).filter(|&m| ctx.may_use_model(p, m)) {
+                        model_demand[j.queue][m] += gpu;
+                    }
+                }
+            }
+            model_fair_shares(&ctx.tree, &ctx.model_capacity, &model_demand, factors)
+        };
         let mut queue_jobs = vec![Vec::new(); ctx.tree.len()];
         for (i, j) in jobs.iter().enumerate() {
             queue_jobs[j.queue].push(i as u32);
@@ -119,6 +161,9 @@ impl<'a> Engine<'a> {
             ctx,
             st,
             shares,
+            model_shares,
+            usage,
+            model_limit_hit: None,
             jobs,
             queue_jobs,
             notes,
@@ -154,14 +199,20 @@ impl<'a> Engine<'a> {
     }
 
     /// Queue order key: higher priority first, then lower dominant share of fair share.
-    /// Queues below their deserved quota in some resource come before the rest (starvation
-    /// first), then DRF: the lowest dominant share of fair share.
+    /// Queues below their deserved quota in some resource (or named GPU model) come before the
+    /// rest (starvation first), then DRF: the lowest dominant share of fair share, GPU models
+    /// counted as resources of their own.
     pub(crate) fn queue_key(&self, q: usize) -> QueueKey {
         let alloc = self.alloc_of(q);
         let share = &self.shares[q];
-        let starved = (0..3)
+        let mut starved = (0..3)
             .any(|k| share.deserved[k] > SHARE_EPS && alloc[k] + SHARE_EPS < share.deserved[k]);
-        let ds = dominant_share(alloc, share.fair);
+        let mut ds = dominant_share(alloc, share.fair);
+        for (m, shares) in self.model_shares.iter().enumerate() {
+            let (a, s) = (self.st.model_alloc[q][m] as f64, &shares[q]);
+            starved |= s.deserved > SHARE_EPS && a + SHARE_EPS < s.deserved;
+            ds = ds.max(dominant_share([a, 0.0, 0.0], [s.fair, 0.0, 0.0]));
+        }
         QueueKey {
             priority: -self.ctx.tree.nodes[q].priority,
             satisfied: !starved,
@@ -183,6 +234,9 @@ impl<'a> Engine<'a> {
     fn limit_check(&self, q: usize, extra: [u64; 3], check_current: bool) -> Option<Reason> {
         for a in self.ctx.tree.path(q) {
             let node = &self.ctx.tree.nodes[a];
+            if check_current && let Some(m) = self.over_model_limit(a, &[]) {
+                return Some(self.model_limit_reason(a, m));
+            }
             for r in Resource::ALL {
                 let k = r.index();
                 if extra[k] == 0 && !check_current {
@@ -204,6 +258,28 @@ impl<'a> Engine<'a> {
             }
         }
         None
+    }
+
+    /// The first GPU model whose limit queue `a` passes holding what it holds plus `extra`
+    /// (milli-GPU per model of the tree's models; shorter slices count nothing more).
+    pub(crate) fn over_model_limit(&self, a: usize, extra: &[u64]) -> Option<usize> {
+        let node = &self.ctx.tree.nodes[a];
+        (0..self.ctx.tree.models.len()).find(|&m| {
+            node.model_limit(m).is_some_and(|l| {
+                let add = extra.get(m).copied().unwrap_or(0);
+                (self.st.model_alloc[a][m] + add) as f64 > l + SHARE_EPS
+            })
+        })
+    }
+
+    /// The pending reason for queue `a` at its limit of GPU model `m`.
+    pub(crate) fn model_limit_reason(&self, a: usize, m: usize) -> Reason {
+        let node = &self.ctx.tree.nodes[a];
+        Reason::QueueOverModelLimit {
+            queue: node.name.clone(),
+            model: self.ctx.tree.models[m].clone(),
+            limit: format!("{}", node.model_limit(m).unwrap_or(0.0) / 1000.0),
+        }
     }
 
     /// Whether any bound pod could ever be a victim (skip victim actions otherwise).
@@ -292,10 +368,48 @@ impl<'a> Engine<'a> {
                 fair_share: self.shares[q].fair,
                 allocated: self.alloc_of(q),
                 requested: self.shares[q].demand,
+                models: self
+                    .model_shares
+                    .iter()
+                    .enumerate()
+                    .map(|(m, s)| ModelShareStatus {
+                        model: self.ctx.tree.models[m].clone(),
+                        deserved: s[q].deserved,
+                        fair_share: s[q].fair,
+                        allocated: self.st.model_alloc[q][m] as f64,
+                        requested: s[q].demand,
+                    })
+                    .collect(),
+                usage_factor: self.usage.as_ref().map(|u| u.factors[q]),
             })
             .collect();
         shares.sort_by(|a, b| a.queue.cmp(&b.queue));
         out.fair_shares = shares;
+        if let Some(UsageState { used, .. }) = &self.usage {
+            let holding = held_by_queues(&self.ctx, |i| {
+                let evicted = self.st.orig_bound[i] && self.st.placed[i].is_none();
+                if snap.pods[i].placement.is_some() {
+                    (!evicted).then_some(None)
+                } else {
+                    self.st.placed[i].as_ref().map(Some)
+                }
+            });
+            let mut usage: Vec<QueueUsage> = self
+                .ctx
+                .tree
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(q, n)| QueueUsage {
+                    queue: n.name.clone(),
+                    at: snap.now,
+                    used: used[q],
+                    holding: Some(holding[q]),
+                })
+                .collect();
+            usage.sort_by(|a, b| a.queue.cmp(&b.queue));
+            out.usage = usage;
+        }
         let mut below: Vec<String> = self
             .ctx
             .groups
@@ -311,4 +425,78 @@ impl<'a> Engine<'a> {
         out.gangs_below_min = below;
         out
     }
+}
+
+/// Each queue's usage advanced to the snapshot's time (from its record in the snapshot, the
+/// last one of its name winning), and the factors on its over-quota weights, read against its
+/// nominal share: its fair share were every leaf to ask for the whole cluster.
+fn usage_history(ctx: &Ctx, config: &CycleConfig) -> UsageState {
+    // What the queues hold as their bound pods say, not as the nodes' known GPUs do: right
+    // after a failover the agents may not have reported yet, and the history must not count
+    // their queues idle meanwhile.
+    let holding = held_by_queues(ctx, |i| {
+        ctx.snap.pods[i].placement.is_some().then_some(None)
+    });
+    let records: BTreeMap<&str, &QueueUsage> = ctx
+        .snap
+        .usage
+        .iter()
+        .map(|u| (u.queue.as_str(), u))
+        .collect();
+    let used: Vec<[f64; 3]> = ctx
+        .tree
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(q, n)| {
+            config.usage.advance(
+                records.get(n.name.as_str()).copied(),
+                holding[q],
+                ctx.snap.now,
+            )
+        })
+        .collect();
+    let capacity = ctx.capacity.as_f64();
+    let nominal = fair_shares(&ctx.tree, capacity, &vec![capacity; ctx.tree.len()]);
+    let factors = config.usage.weight_factors(&used, &nominal);
+    UsageState { used, factors }
+}
+
+/// What each queue (with its descendants) holds, in accounting units, of the pods `which`
+/// picks: `Some(None)` for a bound pod, counted by its assignment (its request where it has
+/// none), `Some(Some(placed))` for one this cycle placed, counted by its slices.
+fn held_by_queues<'p>(
+    ctx: &Ctx,
+    which: impl Fn(usize) -> Option<Option<&'p super::statement::Placed>>,
+) -> Vec<[f64; 3]> {
+    let mut out = vec![[0.0; 3]; ctx.tree.len()];
+    for (i, pod) in ctx.snap.pods.iter().enumerate() {
+        let Some(q) = ctx.pods[i].queue.filter(|_| !pod.owned_by_other_scheduler) else {
+            continue;
+        };
+        let Some(placed) = which(i) else { continue };
+        let gpu: u64 = match placed {
+            Some(pl) => pl.gpus.iter().map(|g| u64::from(g.1)).sum(),
+            None => {
+                let slices: u64 = pod
+                    .placement
+                    .iter()
+                    .flat_map(|pl| pl.assignment.slices())
+                    .map(|s| u64::from(s.compute_milli))
+                    .sum();
+                if slices > 0 {
+                    slices
+                } else {
+                    ctx.pods[i].request.gpu_milli
+                }
+            }
+        };
+        let add = [gpu as f64, pod.cpu_milli as f64, pod.memory_mib as f64];
+        for a in ctx.tree.path(q) {
+            for (slot, v) in out[a].iter_mut().zip(add) {
+                *slot += v;
+            }
+        }
+    }
+    out
 }

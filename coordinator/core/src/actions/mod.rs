@@ -18,6 +18,6 @@ mod victims;
 pub use allocate::Mode;
 pub use budgets::Budgets;
 pub use context::{Ctx, GroupInfo, PodInfo};
-pub use engine::Engine;
+pub use engine::{Engine, UsageState};
 pub use jobs::Job;
 pub use statement::{Placed, State};

@@ -59,6 +59,9 @@ pub struct State {
     pub orig_bound: Vec<bool>,
     /// Allocated per queue (including descendants) in accounting units.
     pub queue_alloc: Vec<[u64; 3]>,
+    /// Allocated per queue (including descendants) and GPU model of the queue tree's models,
+    /// in milli-GPU; empty rows while no queue names a model.
+    pub model_alloc: Vec<Vec<u64>>,
     /// Placed members per group.
     pub group_placed: Vec<u32>,
     /// Nodes that lost a pod to an eviction in this cycle (count).
@@ -151,6 +154,7 @@ impl State {
             evicted: vec![None; np],
             orig_bound: vec![false; np],
             queue_alloc: vec![[0; 3]; ctx.tree.len()],
+            model_alloc: vec![vec![0; ctx.tree.models.len()]; ctx.tree.len()],
             group_placed: vec![0; ctx.groups.len()],
             node_evictions: vec![0; snap.nodes.len()],
             budget_evicted: vec![0; ctx.budgets.len()],
@@ -331,6 +335,9 @@ impl State {
                     *slot += v;
                 }
             }
+            if !ctx.tree.models.is_empty() {
+                self.count_models(ctx, q, &placed, true);
+            }
         }
         if let Some(g) = ctx.pods[p as usize].group {
             self.group_placed[g as usize] += 1;
@@ -373,11 +380,32 @@ impl State {
                     *slot = slot.saturating_sub(v);
                 }
             }
+            if !ctx.tree.models.is_empty() {
+                self.count_models(ctx, q, &placed, false);
+            }
         }
         if let Some(g) = ctx.pods[p as usize].group {
             self.group_placed[g as usize] = self.group_placed[g as usize].saturating_sub(1);
         }
         Some(placed)
+    }
+
+    /// Adds (or removes) what `placed` holds of each named GPU model to queue `q`'s path.
+    fn count_models(&mut self, ctx: &Ctx, q: usize, placed: &Placed, add: bool) {
+        for &(g, c, _) in &placed.gpus {
+            let m = ctx.gpu_model(placed.node, g);
+            if m == super::context::NO_MODEL {
+                continue;
+            }
+            for a in ctx.tree.path(q) {
+                let slot = &mut self.model_alloc[a][m as usize];
+                *slot = if add {
+                    *slot + u64::from(c)
+                } else {
+                    slot.saturating_sub(u64::from(c))
+                };
+            }
+        }
     }
 
     /// Replaces node `n`'s old share `before` of its domains' free totals by its current one.

@@ -163,7 +163,14 @@ impl Engine<'_> {
             .path(q)
             .filter(|a| !victim_paths.contains(a))
             .collect();
-        let guaranteed = self.guaranteed(&gainers, self.reclaim_remaining(p));
+        let remaining = self.reclaim_remaining(p);
+        let mut guaranteed = self.guaranteed(&gainers, remaining);
+        // A queue within its deserved quota of the node's GPU model is guaranteed it as it is
+        // its total quota: its losers may go down to their deserved quotas.
+        let model = self.node_model(n).filter(|_| remaining[0] > 0);
+        let model_guaranteed =
+            model.is_some_and(|m| self.model_guaranteed(&gainers, m, remaining[0]));
+        guaranteed[0] |= model_guaranteed;
         // The gainers gain what the reclaiming pod requests, not what the victims held (the
         // rest of that stays free).
         let req = self.ctx.pods[p as usize].request;
@@ -191,6 +198,7 @@ impl Engine<'_> {
             return false;
         };
         gain_ok
+            && self.model_reclaim_ok(p, set, model, model_guaranteed, &gainers, &loss)
             && loss.iter().all(|&(a, l)| {
                 let share = &self.shares[a];
                 (0..3).all(|k| {
@@ -219,6 +227,83 @@ impl Engine<'_> {
                         ) <= saturation(left, share.fair[k]) + SHARE_EPS
                 })
             })
+    }
+
+    /// The GPU model (of the queue tree's models) of node `n`'s GPUs, as placement reads a
+    /// node's model: its first GPU's.
+    fn node_model(&self, n: u32) -> Option<usize> {
+        let m = self.ctx.gpu_model(n, 0);
+        (m != super::context::NO_MODEL).then_some(m as usize)
+    }
+
+    /// Rule (a) for GPU model `m`: every queue of `gainers` stays within its deserved quota of
+    /// the model after taking `need` milli-GPU of it.
+    fn model_guaranteed(&self, gainers: &[usize], m: usize, need: u64) -> bool {
+        need > 0
+            && gainers.iter().all(|&a| {
+                (self.st.model_alloc[a][m] + need) as f64
+                    <= self.model_shares[m][a].deserved + SHARE_EPS
+            })
+    }
+
+    /// The reclaim rules per named GPU model: the gainers take the pod's GPUs of the node's
+    /// model `model` within their fair share of it (unless `guaranteed`, rule (a)), and no
+    /// losing queue goes below its deserved quota of any model, nor below its fair share of a
+    /// model it is contended for unless rule (a) holds for that model.
+    fn model_reclaim_ok(
+        &self,
+        p: u32,
+        set: &[u32],
+        model: Option<usize>,
+        guaranteed: bool,
+        gainers: &[usize],
+        loss: &[(usize, [u64; 3])],
+    ) -> bool {
+        let dims = self.ctx.tree.models.len();
+        if dims == 0 {
+            return true;
+        }
+        let moved = self.ctx.pods[p as usize].request.gpu_milli;
+        if let Some(m) = model
+            && moved > 0
+            && !guaranteed
+            && !gainers.iter().all(|&a| {
+                (self.st.model_alloc[a][m] + moved) as f64
+                    <= self.model_shares[m][a].fair + SHARE_EPS
+            })
+        {
+            return false;
+        }
+        loss.iter().all(|&(a, _)| {
+            // What the victims below this losing queue hold of each model.
+            let mut lost = vec![0u64; dims];
+            for &v in set {
+                let on_path = self.ctx.pods[v as usize]
+                    .queue
+                    .is_some_and(|vq| self.ctx.tree.path(vq).any(|x| x == a));
+                let Some(pl) = self.st.placed[v as usize].as_ref().filter(|_| on_path) else {
+                    continue;
+                };
+                for &(g, c, _) in &pl.gpus {
+                    let d = self.ctx.gpu_model(pl.node, g);
+                    if d != super::context::NO_MODEL {
+                        lost[d as usize] += u64::from(c);
+                    }
+                }
+            }
+            (0..dims).all(|d| {
+                if lost[d] == 0 {
+                    return true;
+                }
+                let s = &self.model_shares[d][a];
+                let left = self.st.model_alloc[a][d] as f64 - lost[d] as f64;
+                let contended = s.fair + SHARE_EPS < s.demand;
+                left >= s.deserved - SHARE_EPS
+                    && (!contended
+                        || (guaranteed && model == Some(d))
+                        || left >= s.fair - SHARE_EPS)
+            })
+        })
     }
 
     /// Per resource: whether rule (a) applies, i.e. every queue of `gainers` stays within its
@@ -357,7 +442,14 @@ impl Engine<'_> {
         let snap = self.ctx.snap;
         let mut cap: Option<crate::placement::NodeCapacity> = None;
         let guaranteed = match mode {
-            Mode::Reclaim(q) => self.guaranteed(&[q], self.reclaim_remaining(p)),
+            Mode::Reclaim(q) => {
+                let need = self.reclaim_remaining(p);
+                let mut g = self.guaranteed(&[q], need);
+                g[0] |= self
+                    .node_model(n)
+                    .is_some_and(|m| self.model_guaranteed(&[q], m, need[0]));
+                g
+            }
             _ => [false; 3],
         };
         for &v in &self.st.node_pods[n as usize] {
@@ -470,6 +562,12 @@ impl Engine<'_> {
         })
     }
 
+    /// Whether leaf `q` is within its deserved quota of some named GPU model after taking
+    /// `need` milli-GPU of it (rule (a) may then apply on a node of that model).
+    fn any_model_guaranteed(&self, q: usize, need: u64) -> bool {
+        (0..self.ctx.tree.models.len()).any(|m| self.model_guaranteed(&[q], m, need))
+    }
+
     /// The gang part of job `j` that still waits, if any.
     fn waiting_gang(&self, j: usize) -> Option<Vec<u32>> {
         let pending = self.job_pending(j);
@@ -492,7 +590,7 @@ impl Engine<'_> {
                 } else {
                     0
                 };
-                if !self.within_fair(q, req)
+                if !(self.within_fair(q, req) || self.any_model_guaranteed(q, req[0]))
                     || self.over_limit(q, floor).is_some()
                     || (floor[0] > 0 && reclaimable + self.st.index.free_gpu_milli() < floor[0])
                 {
@@ -507,7 +605,7 @@ impl Engine<'_> {
                     });
                 if self.victim_search_failed(&gang, Mode::Reclaim(q)) {
                     if let Some(blocked) = &blocked {
-                        gang.iter().for_each(|&p| self.note(p, blocked.clone()));
+                        gang.iter().for_each(|&p| self.note_blocked(p, blocked));
                     }
                     continue;
                 }
@@ -522,12 +620,24 @@ impl Engine<'_> {
                 self.record_victim_search(&gang, Mode::Reclaim(q), ok);
                 if !ok {
                     if let Some(blocked) = &blocked {
-                        gang.iter().for_each(|&p| self.note(p, blocked.clone()));
+                        gang.iter().for_each(|&p| self.note_blocked(p, blocked));
                     }
                     self.note_budget_block(&gang);
                 }
                 self.budget_blocked.clear();
             }
+        }
+    }
+
+    /// Notes a failed reclaim for `p`, unless a limit of its queue on a GPU model already
+    /// explains it: that names why the idle GPUs of the model are not its to take, which the
+    /// victim search cannot change.
+    fn note_blocked(&mut self, p: u32, blocked: &Reason) {
+        if !matches!(
+            self.notes[p as usize],
+            Some(Reason::QueueOverModelLimit { .. })
+        ) {
+            self.note(p, blocked.clone());
         }
     }
 
@@ -589,7 +699,8 @@ impl Engine<'_> {
     /// depends on its size and topology).
     fn search_key(&self, gang: &[u32], mode: Mode) -> Option<SearchKey> {
         let [p] = gang else { return None };
-        if self.ctx.pods[*p as usize].dynamic {
+        let info = &self.ctx.pods[*p as usize];
+        if info.dynamic || info.model_capped {
             return None;
         }
         let d = self.ctx.pods[*p as usize].demand;
@@ -619,7 +730,8 @@ impl Engine<'_> {
     /// GPU (milli) other leaf queues hold above their reclaim floor: an upper bound of what
     /// queue `q` can reclaim for a gang needing `need`.
     fn reclaimable_gpu(&self, q: usize, need: [u64; 3]) -> u64 {
-        let g = self.guaranteed(&[q], need);
+        let mut g = self.guaranteed(&[q], need);
+        g[0] |= self.any_model_guaranteed(q, need[0]);
         (0..self.ctx.tree.len())
             .filter(|&v| v != q && self.ctx.tree.nodes[v].is_leaf())
             .map(|v| (self.alloc_of(v)[0] - self.reclaim_floor(g, v)[0]).max(0.0) as u64)

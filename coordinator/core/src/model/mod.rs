@@ -23,6 +23,6 @@ pub use pod::{
     Assignment, ContainerAssignment, GpuRequest, GpuShare, GpuSlice, InputError, Isolation,
     Placement, Pod,
 };
-pub use queue::{Queue, QueueResource};
+pub use queue::{ModelQuota, Queue, QueueResource, QueueUsage};
 pub use resources::{Resource, Resources};
 pub use snapshot::{DisruptionBudget, Snapshot, TopologyLevels};

@@ -1,4 +1,5 @@
-//! Queues: a hierarchy with deserved quota, over-quota weight and limit per resource.
+//! Queues: a hierarchy with deserved quota, over-quota weight and limit per resource (and per
+//! GPU model), and each queue's decayed usage.
 
 use serde::{Deserialize, Serialize};
 
@@ -39,6 +40,42 @@ pub struct Queue {
     pub cpu: QueueResource,
     /// Memory settings (MiB).
     pub memory: QueueResource,
+    /// GPU settings per GPU model (GPUs of that model), besides the total in `gpu`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_models: Vec<ModelQuota>,
+}
+
+/// A queue's GPU settings for one GPU model (numbers of GPUs of that model).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelQuota {
+    /// The model key, as [`tessera_contract::gpu_model::key_of`] makes it of a GPU's model.
+    pub model: String,
+    /// Deserved GPUs of the model.
+    pub quota: f64,
+    /// Weight for the model's GPUs beyond every queue's quota of them; `None`: the queue's
+    /// GPU over-quota weight.
+    pub over_quota_weight: Option<f64>,
+    /// Hard cap in GPUs of the model; negative (-1) = none.
+    pub limit: f64,
+}
+
+/// A queue's usage history: resource-seconds decayed with the cycle's half-life, as of `at`.
+/// An input of the snapshot and an output of the cycle (`Decisions::usage`), so the core
+/// never reads a clock: the caller keeps the record from cycle to cycle (and across
+/// restarts, in the Queue's status).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QueueUsage {
+    /// Queue name.
+    pub queue: String,
+    /// Logical time (seconds) the amounts are as of.
+    pub at: u64,
+    /// Decayed resource-seconds in accounting units: milli-GPU·s, milli-core·s, MiB·s.
+    pub used: [f64; 3],
+    /// What the queue held from `at` on, as the cycle that wrote the record left it
+    /// (accounting units). `None` (a record read back from a Queue's status): the cycle
+    /// takes what the queue holds in its snapshot instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holding: Option<[f64; 3]>,
 }
 
 impl Queue {
@@ -51,7 +88,21 @@ impl Queue {
             gpu: QueueResource::default(),
             cpu: QueueResource::default(),
             memory: QueueResource::default(),
+            gpu_models: Vec::new(),
         }
+    }
+
+    /// Sets the quota (GPUs), weight (`None`: the GPU weight) and limit (GPUs, -1 = none) of
+    /// GPU model `model` (a model key).
+    pub fn gpu_model(mut self, model: &str, quota: f64, weight: Option<f64>, limit: f64) -> Queue {
+        self.gpu_models.retain(|m| m.model != model);
+        self.gpu_models.push(ModelQuota {
+            model: model.to_string(),
+            quota,
+            over_quota_weight: weight,
+            limit,
+        });
+        self
     }
 
     /// Sets the parent.

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Node, Pod, PodGroup, Queue};
+use super::{Node, Pod, PodGroup, Queue, QueueUsage};
 
 /// Ordered topology levels (node label keys), coarse to fine.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,6 +34,10 @@ pub struct Snapshot {
     /// PodDisruptionBudgets: how many of their pods may be evicted now.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub disruption_budgets: Vec<DisruptionBudget>,
+    /// Each queue's usage history as the last cycle (or the Queue's status) left it; a queue
+    /// without a record starts from none. Read only while the cycle's usage decay is on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub usage: Vec<QueueUsage>,
 }
 
 /// A PodDisruptionBudget as the Eviction API applies it: an eviction of one of `pods` is

@@ -122,7 +122,9 @@ fn build(nodes: &[(u32, bool)], limits: &[i32], specs: &[PodSpec], mins: &[u32])
     s
 }
 
-fn apply(s: &mut Snapshot, d: &Decisions) {
+/// Applies a cycle's decisions as the cluster would: bindings bind, evicted pods are pending
+/// again.
+pub(crate) fn apply(s: &mut Snapshot, d: &Decisions) {
     for b in &d.bindings {
         let p = s.pods.iter_mut().find(|p| p.uid == b.pod).unwrap();
         *p = p.clone().bound(&b.node, b.assignment.clone());

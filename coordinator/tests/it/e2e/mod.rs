@@ -32,6 +32,7 @@ use tessera_coordinator::cluster::leader::LeaseConfig;
 use tessera_coordinator::cluster::{Coordinator, CoordinatorConfig, CoordinatorHandle};
 use tessera_coordinator::crd::{GpuQuota, PodGroup, PodGroupSpec, Queue, QueueSpec};
 use tessera_core::model::Assignment;
+use tessera_core::usage::UsageDecay;
 use tessera_testcluster::shapes::A100s;
 use tessera_testcluster::{
     Cluster, ClusterOptions, ContainerRecord, GpuNode, NodeOptions as LiteOptions, PodHistory,
@@ -82,6 +83,9 @@ pub(crate) struct Setup {
     pub gang_grace_seconds: u64,
     /// Also run the real kube-scheduler, the default scheduler of pods naming none.
     pub kube_scheduler: bool,
+    /// Usage history in fair share and how often queues' usage is written to their status
+    /// (`None`: off, as by default).
+    pub usage_history: Option<(UsageDecay, Duration)>,
 }
 
 impl Setup {
@@ -95,6 +99,7 @@ impl Setup {
             coordinators: 1,
             gang_grace_seconds: 300,
             kube_scheduler: false,
+            usage_history: None,
         }
     }
 
@@ -105,6 +110,7 @@ impl Setup {
             coordinators: 1,
             gang_grace_seconds: 300,
             kube_scheduler: false,
+            usage_history: None,
         }
     }
 
@@ -115,6 +121,7 @@ impl Setup {
             coordinators: 1,
             gang_grace_seconds: 300,
             kube_scheduler: false,
+            usage_history: None,
         }
     }
 
@@ -125,6 +132,7 @@ impl Setup {
             coordinators: 1,
             gang_grace_seconds: 300,
             kube_scheduler: false,
+            usage_history: None,
         }
     }
 
@@ -179,6 +187,7 @@ pub(crate) struct E2e {
     connections: Connections,
     history: PodHistory,
     gang_grace_seconds: u64,
+    usage_history: Option<(UsageDecay, Duration)>,
 }
 
 /// Logs of every component go to the test's captured output (shown for failing tests);
@@ -230,6 +239,7 @@ impl E2e {
             connections,
             history,
             gang_grace_seconds: setup.gang_grace_seconds,
+            usage_history: setup.usage_history,
         };
         e2e.create_queue("default", 0.0).await;
         for i in 0..setup.coordinators {
@@ -249,7 +259,11 @@ impl E2e {
 
     /// Starts coordinator replica `i` (`coordinator-<i>`).
     pub(crate) async fn start_coordinator(&self, i: usize) {
-        let config = coordinator_config(i, self.gang_grace_seconds);
+        let mut config = coordinator_config(i, self.gang_grace_seconds);
+        if let Some((decay, interval)) = self.usage_history {
+            config.cycle.usage = decay;
+            config.usage_write_interval = interval;
+        }
         let handle = Coordinator::start(self.client.clone(), config)
             .await
             .unwrap_or_else(|e| panic!("coordinator-{i} starts: {e}"));
@@ -355,8 +369,7 @@ impl E2e {
                 parent: parent.map(str::to_owned),
                 gpu: Some(GpuQuota {
                     quota: gpu_quota,
-                    over_quota_weight: 1.0,
-                    limit: -1.0,
+                    ..GpuQuota::default()
                 }),
                 ..QueueSpec::default()
             },
