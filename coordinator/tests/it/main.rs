@@ -25,6 +25,7 @@ mod e2e_resilience;
 mod e2e_scheduling;
 mod e2e_tenancy;
 mod e2e_webhook;
+mod e2e_workloads;
 mod fuzz_inputs;
 mod leader;
 mod ops;
