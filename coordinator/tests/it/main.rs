@@ -28,6 +28,7 @@ mod e2e_webhook;
 mod e2e_workloads;
 mod fuzz_inputs;
 mod leader;
+mod migrate_kai;
 mod ops;
 mod playground;
 mod real_api;

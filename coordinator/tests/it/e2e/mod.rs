@@ -787,7 +787,8 @@ fn coordinator_config(i: usize, gang_grace_seconds: u64) -> CoordinatorConfig {
     }
 }
 
-async fn apply_crds(client: &kube::Client) {
+/// Applies Tessera's CRDs and waits until they are served.
+pub(crate) async fn apply_crds(client: &kube::Client) {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for (name, crd) in tessera_coordinator::crd::all() {
