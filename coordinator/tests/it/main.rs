@@ -21,6 +21,7 @@ mod e2e_constraints;
 mod e2e_device_path;
 mod e2e_evictions;
 mod e2e_kubectl;
+mod e2e_kueue;
 mod e2e_resilience;
 mod e2e_scheduling;
 mod e2e_tenancy;

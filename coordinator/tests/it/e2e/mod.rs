@@ -82,6 +82,8 @@ pub(crate) struct Setup {
     pub gang_grace_seconds: u64,
     /// Also run the real kube-scheduler, the default scheduler of pods naming none.
     pub kube_scheduler: bool,
+    /// Also run the real job controller (Jobs create their pods).
+    pub job_controller: bool,
 }
 
 impl Setup {
@@ -95,6 +97,7 @@ impl Setup {
             coordinators: 1,
             gang_grace_seconds: 300,
             kube_scheduler: false,
+            job_controller: false,
         }
     }
 
@@ -105,6 +108,7 @@ impl Setup {
             coordinators: 1,
             gang_grace_seconds: 300,
             kube_scheduler: false,
+            job_controller: false,
         }
     }
 
@@ -115,6 +119,7 @@ impl Setup {
             coordinators: 1,
             gang_grace_seconds: 300,
             kube_scheduler: false,
+            job_controller: false,
         }
     }
 
@@ -125,12 +130,19 @@ impl Setup {
             coordinators: 1,
             gang_grace_seconds: 300,
             kube_scheduler: false,
+            job_controller: false,
         }
     }
 
     /// Also runs the real kube-scheduler.
     pub(crate) fn with_kube_scheduler(mut self) -> Setup {
         self.kube_scheduler = true;
+        self
+    }
+
+    /// Also runs the real job controller.
+    pub(crate) fn with_job_controller(mut self) -> Setup {
+        self.job_controller = true;
         self
     }
 
@@ -204,10 +216,14 @@ impl E2e {
             Cluster::start(ClusterOptions {
                 scheduler: setup.kube_scheduler,
                 // The workload controllers too, for tests of pods that controllers own.
-                controllers: Some(
-                    "serviceaccount-controller,replicaset-controller,deployment-controller,disruption-controller"
-                        .into(),
-                ),
+                controllers: Some(format!(
+                    "serviceaccount-controller,replicaset-controller,deployment-controller,disruption-controller{}",
+                    if setup.job_controller {
+                        ",job-controller"
+                    } else {
+                        ""
+                    }
+                )),
                 ..ClusterOptions::default()
             })
         });
