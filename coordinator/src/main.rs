@@ -50,7 +50,7 @@ enum MigrateFrom {
 #[derive(Args, Debug)]
 struct KaiArgs {
     /// Read KAI's objects (and workloads) from this YAML file instead of the cluster
-    /// (repeatable; `-` is standard input).
+    /// (repeatable; `-` is standard input; a directory: its .yaml, .yml and .json files).
     #[arg(short = 'f', long = "filename")]
     files: Vec<PathBuf>,
     /// The kubeconfig of the cluster to read (default: KUBECONFIG, then ~/.kube/config).

@@ -326,7 +326,7 @@ fn carry(
 /// KAI millicores as a quantity: whole cores when exact, else millicores.
 fn cpu_quantity(milli: f64) -> String {
     let m = milli.round() as u64;
-    if m % 1000 == 0 {
+    if m.is_multiple_of(1000) {
         (m / 1000).to_string()
     } else {
         format!("{m}m")
@@ -499,11 +499,15 @@ fn pod_group(doc: &Document) -> Output {
 fn pod_group_spec(value: &Value, notes: &mut Vec<String>) -> Result<PodGroupSpec, String> {
     let kai: KaiPodGroupSpec = spec_of(value)?;
     let subgroups = kai.sub_groups.unwrap_or_default();
-    let leaf_sum: i64 = subgroups
+    let parents: std::collections::HashSet<&str> = subgroups
         .iter()
-        .filter(|s| !subgroups.iter().any(|c| c.parent.as_ref() == Some(&s.name)))
+        .filter_map(|s| s.parent.as_deref())
+        .collect();
+    let leaf_sum = subgroups
+        .iter()
+        .filter(|s| !parents.contains(s.name.as_str()))
         .map(|s| s.min_member.unwrap_or(1).max(1))
-        .sum();
+        .fold(0i64, i64::saturating_add);
     let min_member = match kai.min_member {
         Some(m) if m >= 1 => m,
         Some(m) => {

@@ -100,9 +100,30 @@ pub fn parse(path: &str, text: &str) -> Result<Vec<Document>, SourceError> {
     Ok(out)
 }
 
-/// The documents of `path` (`-`: standard input).
+/// The documents of `path` (`-`: standard input; a directory: its `.yaml`, `.yml` and `.json`
+/// files in name order, not descending further).
 pub fn read_file(path: &Path) -> Result<Vec<Document>, SourceError> {
     let name = path.display().to_string();
+    if path.is_dir() {
+        let entries = std::fs::read_dir(path).map_err(|source| SourceError::Read {
+            path: name.clone(),
+            source,
+        })?;
+        let mut files: Vec<_> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.is_file()
+                    && p.extension()
+                        .is_some_and(|e| e == "yaml" || e == "yml" || e == "json")
+            })
+            .collect();
+        files.sort();
+        let mut out = Vec::new();
+        for f in files {
+            out.extend(read_file(&f)?);
+        }
+        return Ok(out);
+    }
     let mut text = String::new();
     let read = if name == "-" {
         std::io::stdin().read_to_string(&mut text).map(|_| ())

@@ -367,6 +367,27 @@ fn other_documents_pass_unchanged_and_the_output_is_commented_yaml() {
 }
 
 #[test]
+fn a_directory_is_read_file_by_file_in_name_order() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    for (name, text) in [
+        ("b.yml", "kind: ConfigMap\nmetadata: {name: b}\n"),
+        (
+            "a.yaml",
+            "kind: ConfigMap\nmetadata: {name: a}\n---\nkind: ConfigMap\nmetadata: {name: a2}\n",
+        ),
+        ("notes.txt", "not read"),
+    ] {
+        std::fs::write(dir.path().join(name), text).expect("writing");
+    }
+    let docs = source::read_file(dir.path()).expect("the directory");
+    let names: Vec<&str> = docs
+        .iter()
+        .filter_map(|d| d.value["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(names, ["a", "a2", "b"]);
+}
+
+#[test]
 fn unreadable_input_names_the_file_and_document() {
     let e = source::parse("bad.yaml", "a: 1\n---\n: [\n").unwrap_err();
     let text = e.to_string();
