@@ -358,11 +358,24 @@ fn queue(doc: &Document) -> Output {
         notes: Vec::new(),
         object: None,
     };
-    match queue_spec(&doc.value, &mut out.notes) {
+    let spec = queue_spec(&doc.value, &mut out.notes);
+    set_object(&mut out, doc, "Queue", spec);
+    out
+}
+
+/// Gives `out` the Tessera object of `kind` with `spec` and the KAI object's name, namespace,
+/// labels and annotations (less KAI's own), or the note of why it is not translated.
+fn set_object<S: serde::Serialize>(
+    out: &mut Output,
+    doc: &Document,
+    kind: &str,
+    spec: Result<S, String>,
+) {
+    match spec {
         Ok(spec) => {
             let mut object = json!({
                 "apiVersion": "tessera.dev/v1alpha1",
-                "kind": "Queue",
+                "kind": kind,
                 "metadata": kept_metadata(&doc.value),
                 "spec": spec,
             });
@@ -371,7 +384,6 @@ fn queue(doc: &Document) -> Output {
         }
         Err(e) => out.notes.push(format!("not translated: {e}")),
     }
-    out
 }
 
 fn queue_spec(value: &Value, notes: &mut Vec<String>) -> Result<QueueSpec, String> {
@@ -480,19 +492,8 @@ fn pod_group(doc: &Document) -> Output {
         ));
         return out;
     }
-    match pod_group_spec(&doc.value, &mut out.notes) {
-        Ok(spec) => {
-            let mut object = json!({
-                "apiVersion": "tessera.dev/v1alpha1",
-                "kind": "PodGroup",
-                "metadata": kept_metadata(&doc.value),
-                "spec": spec,
-            });
-            drop_kai_keys(&mut object);
-            out.object = Some(object);
-        }
-        Err(e) => out.notes.push(format!("not translated: {e}")),
-    }
+    let spec = pod_group_spec(&doc.value, &mut out.notes);
+    set_object(&mut out, doc, "PodGroup", spec);
     out
 }
 

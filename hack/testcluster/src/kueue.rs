@@ -1,12 +1,10 @@
 //! Kueue in front of a test cluster: `kueue-peer` (hack/kueue), Kueue's own controller with
 //! its batch/Job integration and Job webhook, run against a [`Cluster`].
 
-use std::fs::File;
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, ChildStdin, Command};
 
 use crate::binary::kueue_peer;
-use crate::cluster::{Cluster, tail};
+use crate::cluster::{Cluster, spawn_logged, tail, wait_started};
 
 /// A running Kueue controller. Dropping it stops it.
 pub struct Kueue {
@@ -26,31 +24,17 @@ impl Kueue {
             .tempdir()
             .expect("temporary directory");
         let log = dir.path().join("kueue.log");
-        let out = File::create(&log).expect("kueue log");
-        let mut child = Command::new(peer)
-            .arg("--kubeconfig")
+        let mut cmd = Command::new(peer);
+        cmd.arg("--kubeconfig")
             .arg(cluster.admin_kubeconfig())
             .arg("--dir")
             .arg(dir.path())
-            .arg("--exit-with-stdin")
-            .stdin(Stdio::piped())
-            .stdout(out.try_clone().expect("log handle"))
-            .stderr(out)
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {}: {e}", peer.display()));
-        let stdin = child.stdin.take().expect("piped stdin");
+            .arg("--exit-with-stdin");
+        let (mut child, stdin) = spawn_logged(&mut cmd, &log);
         let ready = dir.path().join("ready");
-        let deadline = Instant::now() + Duration::from_secs(180);
-        while !ready.exists() {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("kueue-peer exited with {status}:\n{}", tail(&log));
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!("Kueue was not ready within 180 s:\n{}", tail(&log));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        wait_started(&mut child, &log, "kueue-peer", || {
+            ready.exists().then_some(())
+        });
         Kueue {
             dir,
             child,
