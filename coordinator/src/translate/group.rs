@@ -191,14 +191,19 @@ fn workload_groups(
     ctx: &GroupContext<'_>,
     out: &mut BTreeMap<(String, String), PodGroup>,
 ) {
+    let objects: BTreeMap<(&str, &str), &WorkloadPodGroup> = ctx
+        .workload_groups
+        .iter()
+        .filter_map(|g| {
+            let m = &g.metadata;
+            Some(((m.namespace.as_deref()?, m.name.as_deref()?), *g))
+        })
+        .collect();
     for (key, mine) in members {
         let Some(object_name) = key.1.strip_prefix(WORKLOAD_GROUP_PREFIX) else {
             continue;
         };
-        let object = ctx.workload_groups.iter().find(|g| {
-            g.metadata.namespace.as_deref() == Some(key.0.as_str())
-                && g.metadata.name.as_deref() == Some(object_name)
-        });
+        let object = objects.get(&(key.0.as_str(), object_name));
         let queue = mine
             .iter()
             .map(|&i| &pods[i])
