@@ -29,6 +29,34 @@ enum Command {
     Simulate(SimulateArgs),
     /// Print the CustomResourceDefinitions (Queue, PodGroup, Topology) as multi-document YAML.
     Crds(CrdsArgs),
+    /// Print another scheduler's objects as Tessera's, with what does not carry over.
+    Migrate(MigrateArgs),
+}
+
+#[derive(Args, Debug)]
+struct MigrateArgs {
+    #[command(subcommand)]
+    from: MigrateFrom,
+}
+
+#[derive(Subcommand, Debug)]
+enum MigrateFrom {
+    /// KAI Scheduler: its Queues (scheduling.run.ai/v2) and PodGroups (v2alpha2) as Tessera
+    /// Queues and PodGroups, and pods or workloads naming kai-scheduler rewritten to Tessera's
+    /// names; notes beside each say what changed in meaning. Reads the cluster (KUBECONFIG or
+    /// --kubeconfig) unless given files. Prints multi-document YAML for `kubectl apply -f`.
+    Kai(KaiArgs),
+}
+
+#[derive(Args, Debug)]
+struct KaiArgs {
+    /// Read KAI's objects (and workloads) from this YAML file instead of the cluster
+    /// (repeatable; `-` is standard input; a directory: its .yaml, .yml and .json files).
+    #[arg(short = 'f', long = "filename")]
+    files: Vec<PathBuf>,
+    /// The kubeconfig of the cluster to read (default: KUBECONFIG, then ~/.kube/config).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -279,7 +307,50 @@ fn main() -> anyhow::Result<()> {
         },
         Command::Crds(args) => crds_cmd(&args),
         Command::Run(args) => run_cmd(*args),
+        Command::Migrate(args) => match args.from {
+            MigrateFrom::Kai(k) => migrate_kai_cmd(&k),
+        },
     }
+}
+
+fn migrate_kai_cmd(args: &KaiArgs) -> anyhow::Result<()> {
+    use tessera_coordinator::migrate::{kai, source};
+    let mut documents = Vec::new();
+    let mut absent = Vec::new();
+    if args.files.is_empty() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?;
+        documents = runtime.block_on(async {
+            let config = match &args.kubeconfig {
+                Some(path) => {
+                    let file = kube::config::Kubeconfig::read_from(path)
+                        .with_context(|| format!("reading --kubeconfig {}", path.display()))?;
+                    kube::Config::from_custom_kubeconfig(file, &Default::default())
+                        .await
+                        .with_context(|| format!("using --kubeconfig {}", path.display()))?
+                }
+                None => kube::Config::infer()
+                    .await
+                    .context("connecting to the Kubernetes API (KUBECONFIG or --kubeconfig)")?,
+            };
+            let client =
+                kube::Client::try_from(config).context("building the Kubernetes client")?;
+            source::read_cluster(&client, &mut absent)
+                .await
+                .context("reading KAI's objects from the cluster")
+        })?;
+    } else {
+        for path in &args.files {
+            documents.extend(source::read_file(path)?);
+        }
+    }
+    for a in &absent {
+        eprintln!("note: {a}");
+    }
+    print!("{}", kai::migrate(&documents).to_yaml()?);
+    Ok(())
 }
 
 /// A progress bar on stderr that appears only once a run has lasted a second, and never when

@@ -24,7 +24,10 @@ fn a_missing_kubeconfig_is_named() {
     let out = run(&["--kubeconfig", "/nonexistent/tessera-kc", "gpus"]);
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
-    assert!(err.contains("--kubeconfig /nonexistent/tessera-kc"), "{err}");
+    assert!(
+        err.contains("--kubeconfig /nonexistent/tessera-kc"),
+        "{err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
 }
 
@@ -54,5 +57,9 @@ fn bad_flags_name_the_flag_and_the_accepted_range() {
 
     let out = run(&["why", "p", "-l", "job-name=x"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("cannot be used with"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cannot be used with"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -1,5 +1,7 @@
 //! The coordinator's copy of the cluster: kube-runtime watchers on pods (of every scheduler, so
-//! what others run is counted), nodes, queues, pod groups, topologies, priority classes,
+//! what others run is counted), nodes, queues, pod groups (Tessera's, and the Workload API's
+//! `scheduling.k8s.io/v1beta1` ones, which pods name in `spec.schedulingGroup`; kube-scheduler
+//! reads no Workload object, and neither does Tessera), topologies, priority classes,
 //! namespaces (labels for inter-pod terms' namespace selectors), and the claims, volumes and
 //! storage classes that give pending pods their volumes' node affinity, each feeding one table
 //! of an incremental store keyed by uid or name.
@@ -8,7 +10,8 @@
 //! noted in the readers' [`PodLog`]s. The cache is ready once
 //! every watcher finished its initial list; a custom resource whose CRD is not installed
 //! (404 on list) counts as an empty, listed table so a cluster without Topology objects is
-//! still schedulable.
+//! still schedulable; so does the Workload API's group on a cluster that does not serve it
+//! (its feature gate is off by default).
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -18,6 +21,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
+use k8s_openapi::api::scheduling::v1beta1::PodGroup as WorkloadPodGroup;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Resource;
 use kube::api::Api;
@@ -41,6 +45,8 @@ pub struct Store {
     pub queues: BTreeMap<String, Arc<Queue>>,
     /// PodGroups by `namespace/name`.
     pub pod_groups: BTreeMap<String, Arc<PodGroup>>,
+    /// The Workload API's PodGroups (`scheduling.k8s.io/v1beta1`) by `namespace/name`.
+    pub workload_pod_groups: BTreeMap<String, Arc<WorkloadPodGroup>>,
     /// Topologies by name.
     pub topologies: BTreeMap<String, Arc<Topology>>,
     /// PriorityClasses by name.
@@ -118,6 +124,16 @@ impl Cached for PodGroup {
     }
     fn table(store: &mut Store) -> &mut BTreeMap<String, Arc<Self>> {
         &mut store.pod_groups
+    }
+}
+
+impl Cached for WorkloadPodGroup {
+    const KIND: &'static str = "podgroups.scheduling.k8s.io";
+    fn key(&self) -> Option<String> {
+        namespaced_key(self)
+    }
+    fn table(store: &mut Store) -> &mut BTreeMap<String, Arc<Self>> {
+        &mut store.workload_pod_groups
     }
 }
 
@@ -201,7 +217,7 @@ fn namespaced_key<K: Resource>(object: &K) -> Option<String> {
 }
 
 /// Number of watchers (one per table).
-const WATCHERS: usize = 11;
+const WATCHERS: usize = 12;
 
 struct Inner {
     store: RwLock<Store>,
@@ -261,6 +277,7 @@ impl Cache {
             spawn_watcher::<PersistentVolume>(Api::all(client.clone()), Arc::clone(&inner), 8),
             spawn_watcher::<StorageClass>(Api::all(client.clone()), Arc::clone(&inner), 9),
             spawn_watcher::<PodDisruptionBudget>(Api::all(client.clone()), Arc::clone(&inner), 10),
+            spawn_watcher::<WorkloadPodGroup>(Api::all(client.clone()), Arc::clone(&inner), 11),
         ];
         Self {
             inner,

@@ -110,6 +110,11 @@ fn build_with(
         nodes: store.nodes.values().map(|n| n.as_ref()).collect(),
         queues: store.queues.values().map(|q| q.as_ref()).collect(),
         pod_groups: store.pod_groups.values().map(|g| g.as_ref()).collect(),
+        workload_pod_groups: store
+            .workload_pod_groups
+            .values()
+            .map(|g| g.as_ref())
+            .collect(),
         topologies: store.topologies.values().map(|t| t.as_ref()).collect(),
         priority_classes: store
             .priority_classes

@@ -1,6 +1,8 @@
 //! What users see: pending pods' `PodScheduled=False` condition with the core's explanation
 //! (reason `Unschedulable`, or `SchedulingGated` for a pod whose scheduling gates hold it, as
-//! kube-scheduler writes them), Events for bad input, PodGroup / Queue / Topology status.
+//! kube-scheduler writes them), Events for bad input, PodGroup / Queue / Topology status, and
+//! the Workload API's PodGroups' `PodGroupInitiallyScheduled` condition as kube-scheduler
+//! writes it.
 //!
 //! Every write happens only when its content changed: the object's current status is compared
 //! first (so a new leader does not rewrite what the old one wrote), then what this replica
@@ -15,6 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::scheduling::v1beta1::PodGroup as WorkloadPodGroup;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
@@ -43,6 +46,9 @@ pub const UNSCHEDULABLE: &str = "Unschedulable";
 pub const SCHEDULING_GATED: &str = "SchedulingGated";
 /// PodGroup condition type telling whether the gang is bound.
 pub const SCHEDULED_CONDITION: &str = "Scheduled";
+/// The condition kube-scheduler writes on a `scheduling.k8s.io` PodGroup: `True` (reason
+/// `Scheduled`) once the group's pods are placed, and never back to `False` after.
+pub const INITIALLY_SCHEDULED_CONDITION: &str = "PodGroupInitiallyScheduled";
 
 /// Writes conditions, status and input events.
 pub struct StatusWriter {
@@ -220,6 +226,8 @@ impl StatusWriter {
         let now = jiff::Timestamp::now().to_string();
         self.pod_groups(store, translated, decisions, bound, &now)
             .await;
+        self.workload_pod_groups(store, translated, decisions, bound, &now)
+            .await;
         self.queues(store, translated, decisions, &now).await;
         self.topologies(store, translated, &now).await;
     }
@@ -389,6 +397,107 @@ impl StatusWriter {
         }
     }
 
+    /// The `PodGroupInitiallyScheduled` condition of each `scheduling.k8s.io` PodGroup with
+    /// pods of this scheduler, as kube-scheduler writes it after a scheduling attempt of the
+    /// group: `True`/`Scheduled` once at least its `minCount` pods (1 for a `basic` policy)
+    /// are placed, `False`/`Unschedulable` with the reason while they cannot be; nothing while
+    /// fewer than `minCount` pods exist (kube-scheduler does not try such a group), and never
+    /// `False` again once `True`. Patched as a strategic merge of that one condition, so other
+    /// writers' conditions stay.
+    async fn workload_pod_groups(
+        &mut self,
+        store: &Store,
+        translated: &Translated,
+        decisions: &Decisions,
+        bound: &BTreeSet<String>,
+        now: &str,
+    ) {
+        if store.workload_pod_groups.is_empty() {
+            return;
+        }
+        let pending: BTreeMap<&str, &str> = decisions
+            .pending
+            .iter()
+            .map(|p| (p.pod.as_str(), p.message.as_str()))
+            .collect();
+        // (namespace, PodGroup name) → (members, members placed), this scheduler's pods only.
+        let mut groups: BTreeMap<(&str, &str), (Vec<&str>, i32)> = BTreeMap::new();
+        for p in &translated.snapshot.pods {
+            if p.owned_by_other_scheduler {
+                continue;
+            }
+            let Some(name) = store
+                .pods
+                .get(&p.uid)
+                .and_then(|k| k.spec.as_ref())
+                .and_then(|s| s.scheduling_group.as_ref())
+                .and_then(|g| g.pod_group_name.as_deref())
+            else {
+                continue;
+            };
+            let entry = groups.entry((p.namespace.as_str(), name)).or_default();
+            entry.0.push(p.uid.as_str());
+            if p.placement.is_some() || bound.contains(&p.uid) {
+                entry.1 += 1;
+            }
+        }
+        for ((ns, name), (members, scheduled)) in groups {
+            let Some(group) = store.workload_pod_groups.get(&format!("{ns}/{name}")) else {
+                continue;
+            };
+            let min = group
+                .spec
+                .scheduling_policy
+                .gang
+                .as_ref()
+                .map_or(1, |g| g.min_count.max(1));
+            let old = group
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|c| c.iter().find(|c| c.type_ == INITIALLY_SCHEDULED_CONDITION));
+            if old.is_some_and(|c| c.status == "True") {
+                continue;
+            }
+            let (status, reason, message) = if scheduled >= min {
+                (
+                    "True",
+                    "Scheduled",
+                    format!("{scheduled} pods placed (minCount {min})"),
+                )
+            } else if members.len() as i32 >= min
+                && let Some(why) = members.iter().find_map(|uid| pending.get(uid).copied())
+            {
+                ("False", UNSCHEDULABLE, why.to_owned())
+            } else {
+                continue;
+            };
+            let generation = group.metadata.generation;
+            if old.is_some_and(|c| {
+                c.status == status
+                    && c.reason == reason
+                    && c.message == message
+                    && c.observed_generation == generation
+            }) {
+                continue;
+            }
+            let transition = old
+                .filter(|c| c.status == status)
+                .map_or_else(|| now.to_owned(), |c| c.last_transition_time.0.to_string());
+            let status = json!({"conditions": [{
+                "type": INITIALLY_SCHEDULED_CONDITION,
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": transition,
+                "observedGeneration": generation,
+            }]});
+            let api: Api<WorkloadPodGroup> = Api::namespaced(self.client.clone(), ns);
+            self.write_status_patch(api, group.as_ref(), status, true)
+                .await;
+        }
+    }
+
     async fn queues(
         &mut self,
         store: &Store,
@@ -479,9 +588,26 @@ impl StatusWriter {
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
         S: Serialize,
     {
+        let status = json!(status);
+        self.write_status_patch(api, object, status, false).await;
+    }
+
+    /// Patches `status` of an object (a strategic merge when `strategic`, for built-in kinds
+    /// whose lists merge by key; a JSON merge otherwise), unless this replica wrote the same
+    /// status to the same resourceVersion of it already.
+    async fn write_status_patch<K>(
+        &mut self,
+        api: Api<K>,
+        object: &K,
+        status: serde_json::Value,
+        strategic: bool,
+    ) where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+    {
         let name = object.name_any();
         let key = format!(
-            "{}/{}/{}",
+            "{}/{}/{}/{}",
+            K::group(&()),
             K::kind(&()),
             object.namespace().unwrap_or_default(),
             name
@@ -493,9 +619,14 @@ impl StatusWriter {
         if self.written.get(&key) == Some(&value) {
             return;
         }
-        let patch = json!({ "status": status });
+        let body = json!({ "status": status });
+        let patch = if strategic {
+            Patch::Strategic(&body)
+        } else {
+            Patch::Merge(&body)
+        };
         match api
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch_status(&name, &PatchParams::default(), &patch)
             .await
         {
             Ok(_) => {

@@ -1,7 +1,17 @@
-//! Pod groups: explicit PodGroup objects, the `tessera.dev/min-member` shorthand, and groups
-//! implied by a pod's top controller owner.
+//! Pod groups: explicit PodGroup objects, the `tessera.dev/min-member` shorthand, groups
+//! implied by a pod's top controller owner, and the Workload API's `scheduling.k8s.io`
+//! PodGroups.
 //!
-//! Rules (documented for users in the module plan):
+//! Rules (documented for users in `docs/gangs-and-topology.md`):
+//! - A pod whose `spec.schedulingGroup.podGroupName` names a `scheduling.k8s.io/v1beta1`
+//!   PodGroup belongs to it, as kube-scheduler reads it: a `gang` policy's `minCount` is the
+//!   gang size, a `basic` policy leaves each pod to be placed on its own, and a PodGroup that
+//!   does not exist (yet) keeps its pods waiting. Its priority is the object's `priority`
+//!   (else its `priorityClassName`'s, else the highest member's), its queue the first queue
+//!   label among its pods (unlabelled members take it), its topology the node label of
+//!   `schedulingConstraints.topology`. A pod that also names a Tessera PodGroup is refused,
+//!   naming both. The core knows such a group as `scheduling.k8s.io/<name>`, so it never
+//!   meets a Tessera PodGroup of the same name.
 //! - A pod named into a group (annotation, or implied by its owner) whose PodGroup object exists
 //!   gets that object's settings; the object's `queue` applies to member pods without a queue label.
 //! - Without an object, the group is implied: gang size = the largest `tessera.dev/min-member`
@@ -12,12 +22,26 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::scheduling::v1beta1::PodGroup as WorkloadPodGroup;
+
 use crate::crd::{PodGroup as PodGroupCrd, Topology};
 use tessera_core::model::{InputError, PodGroup};
 
 use super::pod::{GroupSource, TranslatedPod};
 use super::topology::resolve;
 use tessera_contract::keys;
+
+/// The pod field that names a `scheduling.k8s.io` PodGroup, as input errors name it.
+pub const SCHEDULING_GROUP_FIELD: &str = "spec.schedulingGroup.podGroupName";
+
+/// How the core names a group from a `scheduling.k8s.io` PodGroup: a Kubernetes name holds no
+/// `/`, so this never equals a Tessera PodGroup's or an owner's group name.
+pub const WORKLOAD_GROUP_PREFIX: &str = "scheduling.k8s.io/";
+
+/// The core's name for the `scheduling.k8s.io` PodGroup `name`.
+pub fn workload_group_name(name: &str) -> String {
+    format!("{WORKLOAD_GROUP_PREFIX}{name}")
+}
 
 /// What group derivation needs besides pods and objects.
 #[derive(Clone, Copy, Debug)]
@@ -29,6 +53,8 @@ pub struct GroupContext<'a> {
     /// Per (namespace, group name): since when (logical seconds) the group has had fewer than
     /// `minMember` running pods, as the cluster cache tracks it.
     pub below_min_member_since: &'a BTreeMap<(String, String), u64>,
+    /// The Workload API's PodGroups (`scheduling.k8s.io/v1beta1`).
+    pub workload_groups: &'a [&'a WorkloadPodGroup],
 }
 
 /// Builds every group: one per PodGroup object, plus one per implied group name that has pods.
@@ -48,6 +74,7 @@ pub fn groups(
         }
     }
     let mut out: BTreeMap<(String, String), PodGroup> = BTreeMap::new();
+    workload_groups(pods, &members, ctx, &mut out);
     for obj in objects {
         let key = (
             obj.metadata
@@ -96,7 +123,8 @@ pub fn groups(
         out.insert(key, group);
     }
     for (key, mine) in &members {
-        if out.contains_key(key) {
+        // A Workload API group was built above, or its pods are placed one by one.
+        if out.contains_key(key) || key.1.starts_with(WORKLOAD_GROUP_PREFIX) {
             continue;
         }
         // A PodGroup named by annotation that does not exist (yet: the cache may see the
@@ -153,4 +181,93 @@ fn max_priority(pods: &[TranslatedPod], members: &[usize]) -> i32 {
         .map(|&i| pods[i].pod.priority)
         .max()
         .unwrap_or(0)
+}
+
+/// The groups of pods whose `spec.schedulingGroup` names a `scheduling.k8s.io` PodGroup, into
+/// `out`; the members of a `basic` group leave their group (each is placed on its own).
+fn workload_groups(
+    pods: &mut [TranslatedPod],
+    members: &BTreeMap<(String, String), Vec<usize>>,
+    ctx: &GroupContext<'_>,
+    out: &mut BTreeMap<(String, String), PodGroup>,
+) {
+    let objects: BTreeMap<(&str, &str), &WorkloadPodGroup> = ctx
+        .workload_groups
+        .iter()
+        .filter_map(|g| {
+            let m = &g.metadata;
+            Some(((m.namespace.as_deref()?, m.name.as_deref()?), *g))
+        })
+        .collect();
+    for (key, mine) in members {
+        let Some(object_name) = key.1.strip_prefix(WORKLOAD_GROUP_PREFIX) else {
+            continue;
+        };
+        let object = objects.get(&(key.0.as_str(), object_name));
+        let queue = mine
+            .iter()
+            .map(|&i| &pods[i])
+            .find(|p| p.queue_labelled)
+            .map(|p| p.pod.queue.clone())
+            .unwrap_or_else(|| keys::DEFAULT_QUEUE.to_string());
+        let (min_member, priority, topology) = match object {
+            // kube-scheduler keeps such pods out of its queue until the PodGroup appears.
+            None => {
+                for &i in mine {
+                    pods[i].pod.input_errors.push(InputError {
+                        field: SCHEDULING_GROUP_FIELD.to_owned(),
+                        message: format!(
+                            "PodGroup {}/{object_name} (scheduling.k8s.io/v1beta1) does not exist; the pod waits until it does",
+                            key.0
+                        ),
+                    });
+                }
+                (mine.len() as u32, max_priority(pods, mine), None)
+            }
+            Some(object) => {
+                let spec = &object.spec;
+                let Some(gang) = &spec.scheduling_policy.gang else {
+                    for &i in mine {
+                        pods[i].pod.group = None;
+                        pods[i].pod.min_member = None;
+                    }
+                    continue;
+                };
+                let priority = spec
+                    .priority
+                    .or_else(|| {
+                        spec.priority_class_name
+                            .as_ref()
+                            .and_then(|c| ctx.priority_classes.get(c).copied())
+                    })
+                    .unwrap_or_else(|| max_priority(pods, mine));
+                let topology = spec
+                    .scheduling_constraints
+                    .as_ref()
+                    .and_then(|c| c.topology.as_ref())
+                    .and_then(|t| t.first())
+                    .map(|t| t.key.clone());
+                (gang.min_count.max(1) as u32, priority, topology)
+            }
+        };
+        for &i in mine {
+            if !pods[i].queue_labelled {
+                pods[i].pod.queue = queue.clone();
+            }
+        }
+        out.insert(
+            key.clone(),
+            PodGroup {
+                name: key.1.clone(),
+                namespace: key.0.clone(),
+                queue,
+                min_member: min_member.max(1),
+                max_member: None,
+                topology_required: topology.as_deref().map(|l| resolve(l, ctx.topology)),
+                topology_preferred: None,
+                priority,
+                below_min_member_since: ctx.below_min_member_since.get(key).copied(),
+            },
+        );
+    }
 }

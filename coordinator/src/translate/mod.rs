@@ -1,9 +1,9 @@
 //! Pure translation from Kubernetes objects to the scheduling core's model: pods (labels,
 //! annotations and their migration aliases, requests, placement constraints, the node
-//! affinity of their volumes), pod groups (objects, shorthand, implied by owner), queues,
-//! topology, nodes (taints, pod limit, extended resources) and namespaces' labels (which
-//! also decide which queues a namespace's pods may use). No I/O and no clocks: the caller
-//! passes `now`.
+//! affinity of their volumes), pod groups (objects, shorthand, implied by owner, the Workload
+//! API's), queues, topology, nodes (taints, pod limit, extended resources) and namespaces'
+//! labels (which also decide which queues a namespace's pods may use). No I/O and no clocks:
+//! the caller passes `now`.
 //!
 //! The cluster cache stores objects and calls [`snapshot_with`] once per cycle, with a
 //! [`PodMemo`] that remembers each pod's translation until its `resourceVersion` moves.
@@ -26,6 +26,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
+use k8s_openapi::api::scheduling::v1beta1::PodGroup as WorkloadPodGroup;
 use k8s_openapi::api::storage::v1::StorageClass;
 
 use crate::crd::validate::{self, Problem};
@@ -51,6 +52,9 @@ pub struct Inputs<'a> {
     pub queues: Vec<&'a QueueCrd>,
     /// PodGroup objects.
     pub pod_groups: Vec<&'a PodGroupCrd>,
+    /// The Workload API's PodGroups (`scheduling.k8s.io/v1beta1`), which pods name in
+    /// `spec.schedulingGroup`.
+    pub workload_pod_groups: Vec<&'a WorkloadPodGroup>,
     /// Topology objects (the one named `default`, else the first by name, is used).
     pub topologies: Vec<&'a Topology>,
     /// PriorityClasses.
@@ -272,6 +276,7 @@ fn assemble(inputs: &Inputs<'_>, mut memo: Option<&mut PodMemo>) -> Translated {
         topology: topo,
         priority_classes: &ctx.priority_classes,
         below_min_member_since: &inputs.below_min_member_since,
+        workload_groups: &inputs.workload_pod_groups,
     };
     let groups = groups(&mut pods, &inputs.pod_groups, &gctx);
     // After groups: a pod without a queue label takes its PodGroup's queue.

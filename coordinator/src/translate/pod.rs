@@ -36,6 +36,9 @@ pub struct PodContext {
 pub enum GroupSource {
     /// `tessera.dev/pod-group` (or `pod-group-name`) names it.
     Annotation(String),
+    /// `spec.schedulingGroup.podGroupName` names a `scheduling.k8s.io` PodGroup (the Workload
+    /// API), the way kube-scheduler finds a pod's group.
+    Workload(String),
     /// Implied by the pod's top controller owner (a Job, JobSet, PyTorchJob, ...).
     Owner {
         /// Owner kind (`Job`, `JobSet`, `PyTorchJob`, ...).
@@ -189,7 +192,7 @@ pub fn translate(pod: &KubePod, ctx: &PodContext) -> Option<TranslatedPod> {
             }
         },
     };
-    let group_source = match lookup(annotations, &[keys::POD_GROUP, keys::POD_GROUP_ALIAS]) {
+    let annotated = match lookup(annotations, &[keys::POD_GROUP, keys::POD_GROUP_ALIAS]) {
         Some((key, v)) if v.trim().is_empty() => {
             errors.push(err(
                 key,
@@ -197,8 +200,42 @@ pub fn translate(pod: &KubePod, ctx: &PodContext) -> Option<TranslatedPod> {
             ));
             None
         }
-        Some((_, v)) => Some(GroupSource::Annotation(v.trim().to_string())),
-        None => owner_group(pod),
+        // An object name never holds a `/`; refusing it keeps the annotation's groups apart
+        // from the Workload API's, whose names in the core carry a `/`.
+        Some((key, v)) if v.contains('/') => {
+            errors.push(err(
+                key,
+                format!("{v:?} is not a PodGroup name; give the name of a PodGroup in the pod's namespace (no \"/\")"),
+            ));
+            None
+        }
+        Some((key, v)) => Some((key, v.trim().to_string())),
+        None => None,
+    };
+    let workload = spec
+        .scheduling_group
+        .as_ref()
+        .and_then(|g| g.pod_group_name.as_deref())
+        .map(str::trim)
+        .filter(|n| !n.is_empty());
+    let group_source = match (workload, annotated) {
+        (Some(w), Some((key, a))) => {
+            errors.push(err(
+                super::group::SCHEDULING_GROUP_FIELD,
+                format!(
+                    "the pod is in two groups: scheduling.k8s.io PodGroup {namespace}/{w} \
+                     ({}) and Tessera PodGroup {namespace}/{a} ({key}); a pod belongs to one \
+                     gang: remove the {key} annotation, or create the pod without \
+                     spec.schedulingGroup",
+                    super::group::SCHEDULING_GROUP_FIELD
+                ),
+            ));
+            Some(GroupSource::Workload(w.to_owned()))
+        }
+        (Some(w), None) => Some(GroupSource::Workload(w.to_owned())),
+        (None, Some((_, a))) => Some(GroupSource::Annotation(a)),
+        // An explicit group of either kind wins over the one the owner implies.
+        (None, None) => owner_group(pod),
     };
     // Another scheduler's pods are counted, never grouped.
     let group_source = group_source.filter(|_| ours);
@@ -323,11 +360,13 @@ fn controller_of(pod: &KubePod) -> Option<String> {
         .map(|o| format!("{} {}", o.kind, o.name))
 }
 
-/// The group name a source implies: the annotation's name, or `<kind>-<name>` of the owner in
-/// lower case (`job-train`, `pytorchjob-bert`).
+/// The group name a source implies: the annotation's name, `scheduling.k8s.io/<name>` for a
+/// Workload API PodGroup, or `<kind>-<name>` of the owner in lower case (`job-train`,
+/// `pytorchjob-bert`).
 pub fn group_name(source: &GroupSource) -> String {
     match source {
         GroupSource::Annotation(n) => n.clone(),
+        GroupSource::Workload(n) => super::group::workload_group_name(n),
         GroupSource::Owner { kind, name } => format!("{}-{name}", kind.to_ascii_lowercase()),
     }
 }

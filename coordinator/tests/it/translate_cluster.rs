@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::{
     Namespace, Node as KubeNode, PersistentVolume, PersistentVolumeClaim, Pod as KubePod,
 };
 use k8s_openapi::api::scheduling::v1::PriorityClass;
+use k8s_openapi::api::scheduling::v1beta1::PodGroup as WorkloadPodGroup;
 use k8s_openapi::api::storage::v1::StorageClass;
 use serde_json::{Value, json};
 use tessera_coordinator::crd::{PodGroup, Queue, Topology};
@@ -765,6 +766,152 @@ fn a_named_podgroup_that_does_not_exist_holds_its_pods() {
     inputs.pod_groups = vec![&later];
     let out = translate::snapshot(&inputs);
     assert!(out.snapshot.pods.iter().all(|p| p.input_errors.is_empty()));
+}
+
+fn workload_group(name: &str, spec: Value) -> WorkloadPodGroup {
+    serde_json::from_value(
+        json!({"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+                                  "metadata": {"name": name, "namespace": "ns"}, "spec": spec}),
+    )
+    .unwrap()
+}
+
+/// `spec.schedulingGroup` naming `group`, merged into a pod's spec.
+fn in_group(group: &str) -> Value {
+    json!({"schedulingGroup": {"podGroupName": group}})
+}
+
+#[test]
+fn workload_api_pod_groups_as_kube_scheduler_reads_them() {
+    let pc: PriorityClass =
+        serde_json::from_value(json!({"metadata": {"name": "urgent"}, "value": 900})).unwrap();
+    let pods = [
+        // A gang of two; the queue label of one member is the group's.
+        kpod("g0", json!({}), in_group("gang")),
+        kpod(
+            "g1",
+            json!({"labels": {"tessera.dev/queue": "team-a"}}),
+            in_group("gang"),
+        ),
+        // The Workload API's group wins over the Job owner's.
+        kpod("j0", owned_by("Job", "train"), in_group("from-job")),
+        // Basic: no gang.
+        kpod("b0", json!({}), in_group("basic")),
+        // The PodGroup object is not there (yet).
+        kpod("m0", json!({}), in_group("missing")),
+        // In two groups at once.
+        kpod(
+            "c0",
+            json!({"annotations": {"tessera.dev/pod-group": "tessera-side"}}),
+            in_group("gang-c"),
+        ),
+        // A Tessera group of the same name as a Workload API group stays apart.
+        kpod(
+            "t0",
+            json!({"annotations": {"tessera.dev/pod-group": "gang"}}),
+            json!({}),
+        ),
+        // An annotation cannot reach into the Workload API's names.
+        kpod(
+            "s0",
+            json!({"annotations": {"tessera.dev/pod-group": "scheduling.k8s.io/gang"}}),
+            json!({}),
+        ),
+    ];
+    let objects = [
+        workload_group(
+            "gang",
+            json!({"schedulingPolicy": {"gang": {"minCount": 2}}, "priorityClassName": "urgent",
+                   "schedulingConstraints": {"topology": [{"key": "topology.tessera.dev/rack"}]}}),
+        ),
+        workload_group(
+            "from-job",
+            json!({"schedulingPolicy": {"gang": {"minCount": 1}}, "priority": 7}),
+        ),
+        workload_group("basic", json!({"schedulingPolicy": {"basic": {}}})),
+        workload_group(
+            "gang-c",
+            json!({"schedulingPolicy": {"gang": {"minCount": 1}}}),
+        ),
+    ];
+    let topo = topology();
+    let mut inputs = Inputs::new(100, "tessera");
+    inputs.pods = pods.iter().collect();
+    inputs.workload_pod_groups = objects.iter().collect();
+    inputs.priority_classes = vec![&pc];
+    inputs.topologies = vec![&topo];
+    let out = translate::snapshot(&inputs);
+    let s = &out.snapshot;
+    let pod = |uid: &str| {
+        s.pods
+            .iter()
+            .find(|p| p.uid == uid)
+            .unwrap_or_else(|| panic!("no pod {uid}"))
+    };
+
+    let gang = find(&s.groups, "scheduling.k8s.io/gang");
+    assert_eq!(
+        (gang.min_member, gang.queue.as_str(), gang.priority),
+        (2, "team-a", 900)
+    );
+    assert_eq!(
+        gang.topology_required.as_deref(),
+        Some("topology.tessera.dev/rack")
+    );
+    for uid in ["g0", "g1"] {
+        assert_eq!(pod(uid).group.as_deref(), Some("scheduling.k8s.io/gang"));
+        assert_eq!(pod(uid).queue, "team-a", "{uid} takes the group's queue");
+        assert!(
+            pod(uid).input_errors.is_empty(),
+            "{:?}",
+            pod(uid).input_errors
+        );
+    }
+    let job = find(&s.groups, "scheduling.k8s.io/from-job");
+    assert_eq!((job.min_member, job.priority), (1, 7));
+    assert_eq!(
+        pod("j0").group.as_deref(),
+        Some("scheduling.k8s.io/from-job")
+    );
+    assert!(!s.groups.iter().any(|g| g.name == "job-train"));
+
+    assert_eq!(
+        pod("b0").group,
+        None,
+        "a basic group's pod is placed on its own"
+    );
+    assert!(!s.groups.iter().any(|g| g.name.ends_with("/basic")));
+
+    let missing = &pod("m0").input_errors;
+    assert!(
+        missing
+            .iter()
+            .any(|e| e.field == "spec.schedulingGroup.podGroupName"
+                && e.message
+                    .contains("PodGroup ns/missing (scheduling.k8s.io/v1beta1) does not exist")),
+        "{missing:?}"
+    );
+
+    let both = &pod("c0").input_errors;
+    assert!(
+        both.iter()
+            .any(|e| e.field == "spec.schedulingGroup.podGroupName"
+                && e.message.contains("scheduling.k8s.io PodGroup ns/gang-c")
+                && e.message
+                    .contains("Tessera PodGroup ns/tessera-side (tessera.dev/pod-group)")),
+        "{both:?}"
+    );
+
+    assert_eq!(pod("t0").group.as_deref(), Some("gang"));
+    assert_eq!(find(&s.groups, "gang").min_member, 1);
+    let slash = &pod("s0").input_errors;
+    assert!(
+        slash
+            .iter()
+            .any(|e| e.field == "tessera.dev/pod-group" && e.message.contains("no \"/\"")),
+        "{slash:?}"
+    );
+    assert_eq!(pod("s0").group, None);
 }
 
 /// Every snapshot translated with a memo of earlier passes equals one translated afresh, as

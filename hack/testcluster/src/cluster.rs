@@ -85,31 +85,11 @@ impl Cluster {
         for a in &options.apiserver_args {
             cmd.arg(format!("--apiserver-arg={a}"));
         }
-        let out = File::create(&log).expect("cluster log");
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(out.try_clone().expect("log handle"))
-            .stderr(out)
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {}: {e}", peer.display()));
-        let stdin = child.stdin.take().expect("piped stdin");
+        let (mut child, stdin) = spawn_logged(&mut cmd, &log);
         let state_path = dir.path().join("cluster.json");
-        let deadline = Instant::now() + Duration::from_secs(180);
-        let state: State = loop {
-            if let Ok(text) = std::fs::read_to_string(&state_path)
-                && let Ok(s) = serde_json::from_str(&text)
-            {
-                break s;
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("kube-peer cluster up exited with {status}:\n{}", tail(&log));
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                panic!("the cluster was not ready within 180 s:\n{}", tail(&log));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        };
+        let state: State = wait_started(&mut child, &log, "kube-peer cluster up", || {
+            serde_json::from_str(&std::fs::read_to_string(&state_path).ok()?).ok()
+        });
         Cluster {
             dir,
             child,
@@ -272,6 +252,45 @@ fn audit_records(text: &str) -> Vec<AuditRecord> {
             })
         })
         .collect()
+}
+
+/// Starts `cmd` with its output in `log` and its standard input a pipe the caller holds: a
+/// peer started with `--exit-with-stdin` stops when the pipe closes.
+pub(crate) fn spawn_logged(cmd: &mut Command, log: &Path) -> (Child, ChildStdin) {
+    let out = File::create(log).unwrap_or_else(|e| panic!("creating {}: {e}", log.display()));
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(out.try_clone().expect("log handle"))
+        .stderr(out)
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {:?}: {e}", cmd.get_program()));
+    let stdin = child.stdin.take().expect("piped stdin");
+    (child, stdin)
+}
+
+/// Waits until `ready` answers for the peer process `child` (logging to `log`), for up to
+/// 180 s; panics with the log's tail if the peer exits or the time runs out (a test cannot run
+/// without its peer).
+pub(crate) fn wait_started<T>(
+    child: &mut Child,
+    log: &Path,
+    what: &str,
+    mut ready: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        if let Some(answer) = ready() {
+            return answer;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{what} exited with {status}:\n{}", tail(log));
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{what} was not ready within 180 s:\n{}", tail(log));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// The last 60 lines of a log file.

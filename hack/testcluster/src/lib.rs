@@ -19,6 +19,8 @@
 //!   and the binding invariants checked on it.
 //! - [`apply`] (any object, as `kubectl create -f`), [`wait_crd_established`],
 //!   [`wait_service_account`].
+//! - [`Kueue`]: Kueue's controller (`kueue-peer`, hack/kueue) in front of a cluster, with its
+//!   batch/Job integration and Job webhook.
 //! - [`helm`], [`promlint`] and [`scrape`]: the real helm CLI, the exposition linter, and a
 //!   Prometheus-style scrape.
 //! - [`wait_for`]: the polling loop, failing with the peers' picture of what happened.
@@ -30,6 +32,7 @@ mod binary;
 mod cluster;
 mod gpu_node;
 mod history;
+mod kueue;
 mod node;
 mod objects;
 pub mod pods;
@@ -37,10 +40,11 @@ pub mod shapes;
 mod tools;
 mod wait;
 
-pub use binary::{KubePeerError, kube_peer};
+pub use binary::{KubePeerError, kube_peer, kueue_peer};
 pub use cluster::{AuditRecord, Cluster, ClusterOptions, pod_bound_token};
 pub use gpu_node::{AgentProcess, GpuNode, free_port};
 pub use history::{PodHistory, PodSeen};
+pub use kueue::Kueue;
 pub use node::{ContainerRecord, LiteNode, NodeOptions};
 pub use objects::{apply, wait_crd_established, wait_service_account};
 pub use tools::{HelmOutput, helm, promlint, scrape};

@@ -205,6 +205,19 @@ pub const RULES: &[Rule] = &[
         why: "the webhook depends on nothing in cluster/",
     },
     Rule {
+        path: "coordinator/src/migrate/kai.rs",
+        never: &[
+            "kube",
+            "tokio",
+            "std::fs",
+            "std::io",
+            "std::net",
+            "crate::cluster",
+            "crate::agents",
+        ],
+        why: "migrate/kai.rs is pure: no I/O, never depends on kube, tokio, files or cluster",
+    },
+    Rule {
         path: "kubectl-plugin/src",
         never: &[
             "kube::api::PostParams",

@@ -86,6 +86,8 @@ pub(crate) struct Setup {
     /// Usage history in fair share and how often queues' usage is written to their status
     /// (`None`: off, as by default).
     pub usage_history: Option<(UsageDecay, Duration)>,
+    /// Also run the real job controller (Jobs create their pods).
+    pub job_controller: bool,
 }
 
 impl Setup {
@@ -100,6 +102,7 @@ impl Setup {
             gang_grace_seconds: 300,
             kube_scheduler: false,
             usage_history: None,
+            job_controller: false,
         }
     }
 
@@ -111,6 +114,7 @@ impl Setup {
             gang_grace_seconds: 300,
             kube_scheduler: false,
             usage_history: None,
+            job_controller: false,
         }
     }
 
@@ -122,6 +126,7 @@ impl Setup {
             gang_grace_seconds: 300,
             kube_scheduler: false,
             usage_history: None,
+            job_controller: false,
         }
     }
 
@@ -133,12 +138,19 @@ impl Setup {
             gang_grace_seconds: 300,
             kube_scheduler: false,
             usage_history: None,
+            job_controller: false,
         }
     }
 
     /// Also runs the real kube-scheduler.
     pub(crate) fn with_kube_scheduler(mut self) -> Setup {
         self.kube_scheduler = true;
+        self
+    }
+
+    /// Also runs the real job controller.
+    pub(crate) fn with_job_controller(mut self) -> Setup {
+        self.job_controller = true;
         self
     }
 
@@ -213,10 +225,14 @@ impl E2e {
             Cluster::start(ClusterOptions {
                 scheduler: setup.kube_scheduler,
                 // The workload controllers too, for tests of pods that controllers own.
-                controllers: Some(
-                    "serviceaccount-controller,replicaset-controller,deployment-controller,disruption-controller"
-                        .into(),
-                ),
+                controllers: Some(format!(
+                    "serviceaccount-controller,replicaset-controller,deployment-controller,disruption-controller{}",
+                    if setup.job_controller {
+                        ",job-controller"
+                    } else {
+                        ""
+                    }
+                )),
                 ..ClusterOptions::default()
             })
         });
@@ -808,7 +824,8 @@ fn coordinator_config(i: usize, gang_grace_seconds: u64) -> CoordinatorConfig {
     }
 }
 
-async fn apply_crds(client: &kube::Client) {
+/// Applies Tessera's CRDs and waits until they are served.
+pub(crate) async fn apply_crds(client: &kube::Client) {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for (name, crd) in tessera_coordinator::crd::all() {
