@@ -5,6 +5,7 @@
 //! - [`keys`]: label, annotation and resource names (SPEC.md's user contract).
 //! - [`assignment`]: the `tessera.dev/assignment` JSON and its validation.
 //! - [`isolation`]: the `tessera.dev/isolation` modes.
+//! - [`identity`]: pods by UID ([`PodUid`]) and nodes by name ([`NodeName`]), as types.
 //! - [`pod`] (feature `k8s`): what a pod object says to both sides: each container's
 //!   `nvidia.com/gpu` count as the kubelet's device manager reads it, and whether the pod
 //!   has started or finished.
@@ -19,6 +20,7 @@
 pub mod assignment;
 #[cfg(feature = "crd")]
 pub mod crd;
+pub mod identity;
 pub mod isolation;
 pub mod keys;
 #[cfg(feature = "k8s")]
@@ -27,4 +29,5 @@ pub mod quantity;
 pub mod share;
 
 pub use assignment::{Assignment, AssignmentError, ContainerAssignment, GpuSlice};
+pub use identity::{IdentityError, NodeName, PodUid};
 pub use isolation::{Isolation, IsolationError};

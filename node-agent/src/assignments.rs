@@ -15,7 +15,8 @@ use tokio::sync::watch;
 
 use tessera_contract::{Assignment, GpuSlice, Isolation};
 
-use crate::ledger::{PodRef, PodUid};
+use crate::ledger::PodRef;
+use tessera_contract::PodUid;
 
 /// A container of a pending pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,10 +57,42 @@ pub struct ListedPod {
     pub isolation: Isolation,
 }
 
+/// Which kind of source an agent takes assignments from; it decides what a request that
+/// matches no assignment may get.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceKind {
+    /// No cluster (`--no-kube`): every request gets whole free GPUs.
+    None,
+    /// Assignments set in memory by a test.
+    Static,
+    /// The coordinator's stream (the default).
+    Coordinator,
+    /// A read-only watch on the node's pods (`--assignments kube`).
+    Kube,
+}
+
+impl SourceKind {
+    /// `none`, `static`, `coordinator` or `kube`, as `status` shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SourceKind::None => "none",
+            SourceKind::Static => "static",
+            SourceKind::Coordinator => "coordinator",
+            SourceKind::Kube => "kube",
+        }
+    }
+}
+
+impl std::fmt::Display for SourceKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A source of assignments for this node's pods.
 pub trait AssignmentSource: Send + Sync + 'static {
-    /// `none`, `static`, `coordinator`, `kube`.
-    fn kind(&self) -> &'static str;
+    /// Which kind of source it is.
+    fn kind(&self) -> SourceKind;
 
     /// True once the source has its first full list of the node's pods: before that, a pod
     /// missing from it says nothing. The receiver sees every change; the default is a
@@ -97,8 +130,8 @@ pub trait AssignmentSource: Send + Sync + 'static {
 pub struct NoAssignments;
 
 impl AssignmentSource for NoAssignments {
-    fn kind(&self) -> &'static str {
-        "none"
+    fn kind(&self) -> SourceKind {
+        SourceKind::None
     }
 
     fn pending(&self) -> Vec<PendingPod> {
@@ -156,7 +189,7 @@ impl StaticAssignments {
         inner.retain(|p| p.pending.pod != pod);
         inner.push(StaticPod {
             pending: PendingPod {
-                uid: PodUid::new(format!("uid-{}-{}", pod.namespace, pod.name)),
+                uid: PodUid::new(format!("uid-{}-{}", pod.namespace, pod.name)).unwrap(),
                 pod,
                 created_unix_ms,
                 isolation: Isolation::default(),
@@ -175,7 +208,7 @@ impl StaticAssignments {
 
     /// Gives the pod bound as `pod` the UID `uid` (as the API server would in `metadata.uid`).
     pub fn set_uid(&self, pod: PodRef, uid: impl Into<String>) {
-        let uid = PodUid::new(uid);
+        let uid = PodUid::new(uid).unwrap();
         self.with(&pod, |p| p.pending.uid = uid);
     }
 
@@ -206,8 +239,8 @@ impl StaticAssignments {
 }
 
 impl AssignmentSource for StaticAssignments {
-    fn kind(&self) -> &'static str {
-        "static"
+    fn kind(&self) -> SourceKind {
+        SourceKind::Static
     }
 
     fn pending(&self) -> Vec<PendingPod> {
@@ -260,6 +293,6 @@ mod tests {
         s.bind(pod.clone(), 2, &[("c", 1)], None);
         s.set_uid(pod.clone(), "second");
         assert_eq!(s.pending().len(), 1);
-        assert_eq!(s.listed(&pod).unwrap().uid, PodUid::new("second"));
+        assert_eq!(s.listed(&pod).unwrap().uid, PodUid::new("second").unwrap());
     }
 }

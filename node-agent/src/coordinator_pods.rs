@@ -15,9 +15,10 @@ use parking_lot::RwLock;
 use tessera_proto::tessera::v1 as pb;
 use tokio::sync::watch;
 
-use crate::assignments::{AssignmentSource, ListedPod, PendingPod};
-use crate::ledger::{PodRef, PodUid};
+use crate::assignments::{AssignmentSource, ListedPod, PendingPod, SourceKind};
+use crate::ledger::PodRef;
 use crate::pod_table::{BoundPod, PodTable, RawPod};
+use tessera_contract::PodUid;
 
 /// The node's pods from the coordinator.
 pub struct CoordinatorPods {
@@ -117,8 +118,8 @@ pub fn read_node_pods(message: &pb::NodePods) -> Vec<(PodRef, Result<Option<Boun
 }
 
 impl AssignmentSource for CoordinatorPods {
-    fn kind(&self) -> &'static str {
-        "coordinator"
+    fn kind(&self) -> SourceKind {
+        SourceKind::Coordinator
     }
 
     fn synced(&self) -> watch::Receiver<bool> {
@@ -166,14 +167,14 @@ mod tests {
         assert_eq!(names, ["a", "b"]);
         assert_eq!(
             source.listed(&PodRef::new("ml", "a")).map(|l| l.uid),
-            Some(PodUid::new("uid-a"))
+            Some(PodUid::new("uid-a").unwrap())
         );
         let mut started = bound("a", 1, 1);
         started.started = true;
         let next = pb::NodePods {
             pods: vec![started],
         };
-        assert_eq!(source.gone_in(&next), [PodUid::new("uid-b")]);
+        assert_eq!(source.gone_in(&next), [PodUid::new("uid-b").unwrap()]);
         source.apply(&next);
         assert!(source.pending().is_empty());
         assert!(
@@ -193,9 +194,9 @@ mod tests {
         let mut again = bound("a", 5, 1);
         again.uid = "uid-a-2".into();
         let next = pb::NodePods { pods: vec![again] };
-        assert_eq!(source.gone_in(&next), [PodUid::new("uid-a")]);
+        assert_eq!(source.gone_in(&next), [PodUid::new("uid-a").unwrap()]);
         source.apply(&next);
-        assert_eq!(source.pending()[0].uid, PodUid::new("uid-a-2"));
+        assert_eq!(source.pending()[0].uid, PodUid::new("uid-a-2").unwrap());
     }
 
     #[test]

@@ -22,9 +22,10 @@ use tessera_contract::keys::{
 };
 use tessera_contract::pod::{allocation_order, container_gpus, has_started, is_finished};
 
-use crate::assignments::{AssignmentSource, ListedPod, PendingPod};
-use crate::ledger::{PodRef, PodUid};
+use crate::assignments::{AssignmentSource, ListedPod, PendingPod, SourceKind};
+use crate::ledger::PodRef;
 use crate::pod_table::{BoundPod, PodTable, RawPod};
+use tessera_contract::PodUid;
 
 /// Assignments from the pods bound to this node.
 pub struct KubeAssignments {
@@ -126,20 +127,23 @@ impl KubeAssignments {
                             let _ = synced_tx.send(true);
                         }
                         watcher::Event::Apply(pod) => {
-                            let uid = pod_uid(&pod);
+                            let entry = keyed(&pod);
+                            // A pod without a readable UID was never kept: nothing to drop.
+                            let Some(uid) = pod_uid(&pod) else { continue };
                             if is_finished(&pod) {
                                 let _ = departed_tx.send(uid.clone());
                             }
                             let mut t = table.write();
-                            match keyed(&pod) {
+                            match entry {
                                 Some(entry) => t.insert(entry),
                                 None => t.remove(&uid),
                             }
                         }
                         watcher::Event::Delete(pod) => {
-                            let uid = pod_uid(&pod);
-                            let _ = departed_tx.send(uid.clone());
-                            table.write().remove(&uid);
+                            if let Some(uid) = pod_uid(&pod) {
+                                let _ = departed_tx.send(uid.clone());
+                                table.write().remove(&uid);
+                            }
                         }
                     }
                 }
@@ -169,8 +173,9 @@ fn pod_ref(pod: &Pod) -> PodRef {
     )
 }
 
-fn pod_uid(pod: &Pod) -> PodUid {
-    PodUid::new(pod.metadata.uid.clone().unwrap_or_default())
+/// The pod's UID; `None` for an object without a valid one (the table never kept it).
+fn pod_uid(pod: &Pod) -> Option<PodUid> {
+    PodUid::new(pod.metadata.uid.clone()?).ok()
 }
 
 fn keyed(pod: &Pod) -> Option<BoundPod> {
@@ -187,8 +192,8 @@ fn keyed(pod: &Pod) -> Option<BoundPod> {
 }
 
 impl AssignmentSource for KubeAssignments {
-    fn kind(&self) -> &'static str {
-        "kube"
+    fn kind(&self) -> SourceKind {
+        SourceKind::Kube
     }
 
     fn synced(&self) -> watch::Receiver<bool> {

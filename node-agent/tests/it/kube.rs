@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use tessera_agent::assignments::AssignmentSource;
 use tessera_agent::kube_assignments::KubeAssignments;
-use tessera_agent::ledger::PodUid;
+use tessera_contract::PodUid;
 use tessera_contract::keys::ASSIGNMENT as ASSIGNMENT_ANNOTATION;
 use tessera_testcluster::{Cluster, ClusterOptions};
 
@@ -37,7 +37,7 @@ fn gpu_pod(name: &str, node: &str, created: &str, gpus: u32, assignment: Option<
 /// agent writes no pod.
 async fn assert_allocated(h: &Harness, api: &Api<Pod>, name: &str) {
     let pod = api.get(name).await.unwrap();
-    let uid = PodUid::new(pod.metadata.uid.clone().unwrap());
+    let uid = PodUid::new(pod.metadata.uid.clone().unwrap()).unwrap();
     assert!(h.agent().node().ledger.lock().has_container(&uid, "main"));
     let annotations = pod.metadata.annotations.unwrap_or_default();
     assert!(
