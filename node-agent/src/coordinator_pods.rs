@@ -20,7 +20,11 @@ use crate::ledger::PodRef;
 use crate::pod_table::{BoundPod, PodTable, RawPod};
 use tessera_contract::PodUid;
 
-/// The node's pods from the coordinator.
+/// The protocol revision that brought `NodePods`.
+const NODE_PODS_PROTOCOL: u32 = 2;
+
+/// The node's pods from the coordinator: the one owner of the pod list the stream delivers
+/// (the report stream hands each message here and sends nothing of its own about it).
 pub struct CoordinatorPods {
     table: RwLock<PodTable>,
     synced: watch::Sender<bool>,
@@ -78,6 +82,20 @@ impl CoordinatorPods {
             node.release_departed(&gone);
         }
         self.apply(message);
+    }
+
+    /// A coordinator that accepted protocol revision `accepted` welcomed this agent: one
+    /// before revision 2 streams no pods, so this source would stay empty; said as an error
+    /// with what to change.
+    pub fn welcomed(&self, accepted: u32) {
+        if accepted < NODE_PODS_PROTOCOL {
+            tracing::error!(
+                protocol = accepted,
+                "this coordinator does not stream the node's pods (protocol revision 2): GPU pods \
+                 here get no assignment; upgrade the coordinator, or run the agent with \
+                 --assignments kube (it then needs list/watch on pods)"
+            );
+        }
     }
 
     /// Waits until the first snapshot arrived; false on timeout.

@@ -11,10 +11,11 @@ use tessera_device_plugin::{DeviceProvider, ProviderError, api};
 
 use super::matcher::Reservation;
 use super::*;
-use crate::assignments::{NoAssignments, StaticAssignments};
+use crate::assignments::NoAssignments;
 use crate::gpu::sim::SimBackend;
 use crate::ledger::{Origin, PodRef};
 use crate::node::{NodeOptions, slot_id};
+use crate::testing::StaticAssignments;
 
 /// Four L40S GPUs (no NVLink), 10 slots each, and a source the test fills.
 fn plugin() -> (GpuPlugin, Arc<StaticAssignments>, Vec<String>) {

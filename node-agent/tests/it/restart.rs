@@ -5,10 +5,10 @@ use crate::common;
 use std::sync::Arc;
 
 use common::{Harness, WAIT, gpu_of, refs, share};
-use tessera_agent::assignments::StaticAssignments;
 use tessera_agent::coordinator_pods::CoordinatorPods;
 use tessera_agent::ledger::{CHECKPOINT_FILE, Origin, PodRef};
 use tessera_agent::reconcile::reconcile_once;
+use tessera_agent::testing::StaticAssignments;
 use tessera_contract::PodUid;
 use tessera_device_plugin::testing::pod_with_devices;
 use tessera_proto::tessera::v1 as pb;

@@ -19,11 +19,12 @@ use proptest::prelude::*;
 use tessera_contract::{GpuSlice, Isolation, PodUid};
 
 use super::*;
-use crate::assignments::{PendingContainer, PendingPod, SourceKind, StaticAssignments};
+use crate::assignments::{PendingContainer, PendingPod, SourceKind};
 use crate::gpu::sim::SimBackend;
 use crate::ledger::{Ledger, PodRef};
 use crate::node::{Node, NodeOptions, slot_id};
 use crate::plugin::GpuPlugin;
+use crate::testing::StaticAssignments;
 
 const GPUS: usize = 4;
 
