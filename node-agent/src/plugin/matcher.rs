@@ -29,10 +29,14 @@
 //! agent does not know (deleted in the API while its kubelet still admits it, or not announced
 //! yet) asking on a known pod's GPUs with that pod's size looks exactly like that pod. Two facts
 //! outside the agent keep this from handing a share to the wrong pod: the coordinator binds no
-//! second pod with a request size in common on a node until the first is allocated, and after
-//! such a deletion holds the node for same-size pods for a moment (`plan/hold.rs`); and it
-//! announces each pod on the agent's stream before binding it, so the pod asking is normally
-//! in the table. A request that matches nobody is refused with the pending assignments named.
+//! second pod with a request size in common on a node until the first is allocated (the
+//! same-count rule, `coordinator/src/cluster/plan/`), and keeps that hold for a moment after
+//! such a pod is deleted unallocated (`DEPARTED_HOLD`), while its kubelet may still admit it;
+//! and it announces each pod on the agent's stream before binding it, so the pod asking is
+//! normally in the table. A request that matches nobody is refused with the pending
+//! assignments named. After a kubelet restart lost an allocation, its pod is pending again
+//! while the hold is lifted, and two pending containers can look alike; they are then told
+//! apart by their GPUs only.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
