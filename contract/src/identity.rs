@@ -64,43 +64,28 @@ fn checked(text: String, max: usize, expected: &'static str) -> Result<String, I
 #[serde(try_from = "String", into = "String")]
 pub struct PodUid(String);
 
-impl PodUid {
-    const EXPECTED: &'static str = "the pod's metadata.uid";
-
-    /// The UID `uid`; refused when empty or longer than [`MAX_UID_LEN`] bytes.
-    pub fn new(uid: impl Into<String>) -> Result<Self, IdentityError> {
-        checked(uid.into(), MAX_UID_LEN, Self::EXPECTED).map(Self)
-    }
-
-    /// The UID as the API server wrote it (it also names the pod's cgroups).
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
 /// A node by `metadata.name`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct NodeName(String);
 
-impl NodeName {
-    const EXPECTED: &'static str = "a Node's metadata.name";
-
-    /// The node `name`; refused when empty or longer than [`MAX_NODE_NAME_LEN`] bytes.
-    pub fn new(name: impl Into<String>) -> Result<Self, IdentityError> {
-        checked(name.into(), MAX_NODE_NAME_LEN, Self::EXPECTED).map(Self)
-    }
-
-    /// The name as the API server has it.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-/// Display, parsing, the string conversions serde goes through, and `str` comparison, the
+/// Construction (refusing an empty text or one over `$max` bytes, described as `$expected`),
+/// display, parsing, the string conversions serde goes through, and `str` comparison, the
 /// same for every identity.
 macro_rules! text_identity {
-    ($t:ty) => {
+    ($t:ident, $max:ident, $expected:literal) => {
+        impl $t {
+            #[doc = concat!("The identity `text`; refused when empty or longer than [`", stringify!($max), "`] bytes.")]
+            pub fn new(text: impl Into<String>) -> Result<Self, IdentityError> {
+                checked(text.into(), $max, $expected).map(Self)
+            }
+
+            /// The text as the API server wrote it.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
         impl fmt::Display for $t {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str(&self.0)
@@ -143,8 +128,8 @@ macro_rules! text_identity {
     };
 }
 
-text_identity!(PodUid);
-text_identity!(NodeName);
+text_identity!(PodUid, MAX_UID_LEN, "the pod's metadata.uid");
+text_identity!(NodeName, MAX_NODE_NAME_LEN, "a Node's metadata.name");
 
 #[cfg(test)]
 mod tests {

@@ -49,6 +49,16 @@ fn share(uuid: &str, milli: u32) -> Assignment {
     }
 }
 
+/// Binds pod `ml/name`, created at `created`, with one container assigned `milli` of GPU `uuid`.
+fn bind_share(source: &StaticAssignments, name: &str, created: u64, uuid: &str, milli: u32) {
+    source.bind(
+        PodRef::new("ml", name),
+        created,
+        &[("main", 1)],
+        Some(share(uuid, milli)),
+    );
+}
+
 fn request(containers: Vec<Vec<String>>) -> api::AllocateRequest {
     api::AllocateRequest {
         container_requests: containers
@@ -74,24 +84,9 @@ fn holder(p: &GpuPlugin, slot: &str) -> Option<(String, u32)> {
 #[tokio::test]
 async fn a_request_goes_to_the_oldest_pending_pod_assigned_exactly_its_gpus() {
     let (p, source, g) = plugin();
-    source.bind(
-        PodRef::new("ml", "young"),
-        2,
-        &[("main", 1)],
-        Some(share(&g[0], 250)),
-    );
-    source.bind(
-        PodRef::new("ml", "old"),
-        1,
-        &[("main", 1)],
-        Some(share(&g[0], 500)),
-    );
-    source.bind(
-        PodRef::new("ml", "other"),
-        0,
-        &[("main", 1)],
-        Some(share(&g[1], 500)),
-    );
+    bind_share(&source, "young", 2, &g[0], 250);
+    bind_share(&source, "old", 1, &g[0], 500);
+    bind_share(&source, "other", 0, &g[1], 500);
     // Two requests alike in one Allocate: the oldest pod, then the next on that GPU.
     let (a, b) = (slot_id(&g[0], 3), slot_id(&g[0], 4));
     p.allocate(request(vec![vec![a.clone()], vec![b.clone()]]))
@@ -110,18 +105,8 @@ async fn a_request_goes_to_the_oldest_pending_pod_assigned_exactly_its_gpus() {
 #[tokio::test]
 async fn a_reserved_slot_set_goes_to_the_pod_it_was_reserved_for() {
     let (p, source, g) = plugin();
-    source.bind(
-        PodRef::new("ml", "a"),
-        1,
-        &[("main", 1)],
-        Some(share(&g[2], 500)),
-    );
-    source.bind(
-        PodRef::new("ml", "b"),
-        2,
-        &[("main", 1)],
-        Some(share(&g[2], 250)),
-    );
+    bind_share(&source, "a", 1, &g[2], 500);
+    bind_share(&source, "b", 2, &g[2], 250);
     p.reservations.lock().push(Reservation {
         slots: BTreeSet::from([slot_id(&g[2], 7)]),
         uid: source.uid(&PodRef::new("ml", "b")).expect("bound"),
@@ -143,12 +128,7 @@ async fn a_reserved_slot_set_goes_to_the_pod_it_was_reserved_for() {
 #[tokio::test]
 async fn a_request_on_gpus_no_pending_pod_is_assigned_is_refused_naming_the_pending_ones() {
     let (p, source, g) = plugin();
-    source.bind(
-        PodRef::new("ml", "a"),
-        1,
-        &[("main", 1)],
-        Some(share(&g[0], 500)),
-    );
+    bind_share(&source, "a", 1, &g[0], 500);
     let err = p
         .allocate(request(vec![vec![slot_id(&g[3], 0)]]))
         .await
@@ -165,12 +145,7 @@ async fn a_pod_without_an_assignment_gets_whole_free_gpus_and_never_a_shared_one
     let (p, source, g) = plugin();
     source.bind(PodRef::new("ml", "plain"), 1, &[("main", 1)], None);
     source.bind(PodRef::new("ml", "plain-2"), 2, &[("main", 1)], None);
-    source.bind(
-        PodRef::new("ml", "shared"),
-        0,
-        &[("main", 1)],
-        Some(share(&g[2], 500)),
-    );
+    bind_share(&source, "shared", 0, &g[2], 500);
     let slot = slot_id(&g[1], 0);
     p.allocate(request(vec![vec![slot.clone()]])).await.unwrap();
     assert_eq!(holder(&p, &slot), Some(("plain".to_owned(), 1000)));
@@ -191,21 +166,11 @@ async fn a_pod_without_an_assignment_gets_whole_free_gpus_and_never_a_shared_one
 #[tokio::test]
 async fn each_request_decides_and_records_under_one_ledger_acquisition() {
     let (p, source, g) = plugin();
-    source.bind(
-        PodRef::new("ml", "a"),
-        1,
-        &[("main", 1)],
-        Some(share(&g[0], 500)),
-    );
+    bind_share(&source, "a", 1, &g[0], 500);
     source.bind(PodRef::new("ml", "plain"), 2, &[("main", 2)], None);
     // Pending throughout, so that a request on another GPU is refused at once (with nobody
     // pending of its size, the plugin would wait for the source to catch up).
-    source.bind(
-        PodRef::new("ml", "c"),
-        3,
-        &[("main", 1)],
-        Some(share(&g[3], 100)),
-    );
+    bind_share(&source, "c", 3, &g[3], 100);
     let ledger = &p.node.ledger;
     let mut before = ledger.acquisitions();
     let mut took = |what: &str| {
@@ -254,18 +219,8 @@ async fn racing_allocates_never_both_pass_one_capacity_check() {
     for round in 0..50 {
         let (p, source, g) = plugin();
         let p = Arc::new(p);
-        source.bind(
-            PodRef::new("ml", "a"),
-            1,
-            &[("main", 1)],
-            Some(share(&g[0], 600)),
-        );
-        source.bind(
-            PodRef::new("ml", "b"),
-            2,
-            &[("main", 1)],
-            Some(share(&g[0], 600)),
-        );
+        bind_share(&source, "a", 1, &g[0], 600);
+        bind_share(&source, "b", 2, &g[0], 600);
         let go = Arc::new(tokio::sync::Barrier::new(2));
         let race = |k: u32| {
             let (p, go, slot) = (Arc::clone(&p), Arc::clone(&go), slot_id(&g[0], k));
