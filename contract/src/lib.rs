@@ -6,6 +6,7 @@
 //! - [`assignment`]: the `tessera.dev/assignment` JSON and its validation.
 //! - [`isolation`]: the `tessera.dev/isolation` modes.
 //! - [`gpu_model`]: the key naming a GPU model in a Queue's per-model quotas.
+//! - [`identity`]: pods by UID ([`PodUid`]) and nodes by name ([`NodeName`]), as types.
 //! - [`pod`] (feature `k8s`): what a pod object says to both sides: each container's
 //!   `nvidia.com/gpu` count as the kubelet's device manager reads it, and whether the pod
 //!   has started or finished.
@@ -21,6 +22,7 @@ pub mod assignment;
 #[cfg(feature = "crd")]
 pub mod crd;
 pub mod gpu_model;
+pub mod identity;
 pub mod isolation;
 pub mod keys;
 #[cfg(feature = "k8s")]
@@ -29,4 +31,5 @@ pub mod quantity;
 pub mod share;
 
 pub use assignment::{Assignment, AssignmentError, ContainerAssignment, GpuSlice};
+pub use identity::{IdentityError, NodeName, PodUid};
 pub use isolation::{Isolation, IsolationError};

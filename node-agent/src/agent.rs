@@ -328,7 +328,7 @@ async fn run(
         let ctx = Arc::new(AdminContext {
             node: Arc::clone(&node),
             node_name: config.node_name.clone(),
-            assignments: config.source.kind().to_owned(),
+            assignments: config.source.kind().to_string(),
             sim: config.backend.sim().cloned(),
             meter: meter.clone(),
         });

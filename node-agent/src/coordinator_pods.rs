@@ -15,11 +15,16 @@ use parking_lot::RwLock;
 use tessera_proto::tessera::v1 as pb;
 use tokio::sync::watch;
 
-use crate::assignments::{AssignmentSource, ListedPod, PendingPod};
-use crate::ledger::{PodRef, PodUid};
+use crate::assignments::{AssignmentSource, ListedPod, PendingPod, SourceKind};
+use crate::ledger::PodRef;
 use crate::pod_table::{BoundPod, PodTable, RawPod};
+use tessera_contract::PodUid;
 
-/// The node's pods from the coordinator.
+/// The protocol revision that brought `NodePods`.
+const NODE_PODS_PROTOCOL: u32 = 2;
+
+/// The node's pods from the coordinator: the one owner of the pod list the stream delivers
+/// (the report stream hands each message here and sends nothing of its own about it).
 pub struct CoordinatorPods {
     table: RwLock<PodTable>,
     synced: watch::Sender<bool>,
@@ -79,6 +84,20 @@ impl CoordinatorPods {
         self.apply(message);
     }
 
+    /// A coordinator that accepted protocol revision `accepted` welcomed this agent: one
+    /// before revision 2 streams no pods, so this source would stay empty; said as an error
+    /// with what to change.
+    pub fn welcomed(&self, accepted: u32) {
+        if accepted < NODE_PODS_PROTOCOL {
+            tracing::error!(
+                protocol = accepted,
+                "this coordinator does not stream the node's pods (protocol revision 2): GPU pods \
+                 here get no assignment; upgrade the coordinator, or run the agent with \
+                 --assignments kube (it then needs list/watch on pods)"
+            );
+        }
+    }
+
     /// Waits until the first snapshot arrived; false on timeout.
     pub async fn wait_synced(&self, timeout: Duration) -> bool {
         let mut rx = self.synced.subscribe();
@@ -117,8 +136,8 @@ pub fn read_node_pods(message: &pb::NodePods) -> Vec<(PodRef, Result<Option<Boun
 }
 
 impl AssignmentSource for CoordinatorPods {
-    fn kind(&self) -> &'static str {
-        "coordinator"
+    fn kind(&self) -> SourceKind {
+        SourceKind::Coordinator
     }
 
     fn synced(&self) -> watch::Receiver<bool> {
@@ -166,14 +185,14 @@ mod tests {
         assert_eq!(names, ["a", "b"]);
         assert_eq!(
             source.listed(&PodRef::new("ml", "a")).map(|l| l.uid),
-            Some(PodUid::new("uid-a"))
+            Some(PodUid::new("uid-a").unwrap())
         );
         let mut started = bound("a", 1, 1);
         started.started = true;
         let next = pb::NodePods {
             pods: vec![started],
         };
-        assert_eq!(source.gone_in(&next), [PodUid::new("uid-b")]);
+        assert_eq!(source.gone_in(&next), [PodUid::new("uid-b").unwrap()]);
         source.apply(&next);
         assert!(source.pending().is_empty());
         assert!(
@@ -193,9 +212,9 @@ mod tests {
         let mut again = bound("a", 5, 1);
         again.uid = "uid-a-2".into();
         let next = pb::NodePods { pods: vec![again] };
-        assert_eq!(source.gone_in(&next), [PodUid::new("uid-a")]);
+        assert_eq!(source.gone_in(&next), [PodUid::new("uid-a").unwrap()]);
         source.apply(&next);
-        assert_eq!(source.pending()[0].uid, PodUid::new("uid-a-2"));
+        assert_eq!(source.pending()[0].uid, PodUid::new("uid-a-2").unwrap());
     }
 
     #[test]

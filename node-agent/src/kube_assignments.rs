@@ -22,9 +22,10 @@ use tessera_contract::keys::{
 };
 use tessera_contract::pod::{allocation_order, container_gpus, has_started, is_finished};
 
-use crate::assignments::{AssignmentSource, ListedPod, PendingPod};
-use crate::ledger::{PodRef, PodUid};
+use crate::assignments::{AssignmentSource, ListedPod, PendingPod, SourceKind};
+use crate::ledger::PodRef;
 use crate::pod_table::{BoundPod, PodTable, RawPod};
+use tessera_contract::PodUid;
 
 /// Assignments from the pods bound to this node.
 pub struct KubeAssignments {
@@ -126,20 +127,23 @@ impl KubeAssignments {
                             let _ = synced_tx.send(true);
                         }
                         watcher::Event::Apply(pod) => {
-                            let uid = pod_uid(&pod);
+                            let entry = keyed(&pod);
+                            // A pod without a readable UID was never kept: nothing to drop.
+                            let Some(uid) = pod_uid(&pod) else { continue };
                             if is_finished(&pod) {
                                 let _ = departed_tx.send(uid.clone());
                             }
                             let mut t = table.write();
-                            match keyed(&pod) {
+                            match entry {
                                 Some(entry) => t.insert(entry),
                                 None => t.remove(&uid),
                             }
                         }
                         watcher::Event::Delete(pod) => {
-                            let uid = pod_uid(&pod);
-                            let _ = departed_tx.send(uid.clone());
-                            table.write().remove(&uid);
+                            if let Some(uid) = pod_uid(&pod) {
+                                let _ = departed_tx.send(uid.clone());
+                                table.write().remove(&uid);
+                            }
                         }
                     }
                 }
@@ -169,8 +173,9 @@ fn pod_ref(pod: &Pod) -> PodRef {
     )
 }
 
-fn pod_uid(pod: &Pod) -> PodUid {
-    PodUid::new(pod.metadata.uid.clone().unwrap_or_default())
+/// The pod's UID; `None` for an object without a valid one (the table never kept it).
+fn pod_uid(pod: &Pod) -> Option<PodUid> {
+    PodUid::new(pod.metadata.uid.clone()?).ok()
 }
 
 fn keyed(pod: &Pod) -> Option<BoundPod> {
@@ -187,8 +192,8 @@ fn keyed(pod: &Pod) -> Option<BoundPod> {
 }
 
 impl AssignmentSource for KubeAssignments {
-    fn kind(&self) -> &'static str {
-        "kube"
+    fn kind(&self) -> SourceKind {
+        SourceKind::Kube
     }
 
     fn synced(&self) -> watch::Receiver<bool> {
@@ -211,19 +216,37 @@ impl AssignmentSource for KubeAssignments {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::Container;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use tessera_contract::Isolation;
 
+    /// The shared test pod (`main` asking for GPUs) bound to node `n` with `annotations`,
+    /// its GPU limit written as `limit`, beside a sidecar asking for none, as the API server
+    /// would return it (UID and creation time set).
     fn pod(annotations: serde_json::Value, limit: &str) -> Pod {
-        serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "p", "namespace": "ml", "annotations": annotations,
-                         "uid": "6a1f0c2e-8b3d-4c5e-9f70-1a2b3c4d5e6f",
-                         "creationTimestamp": "2026-01-01T00:00:01Z"},
-            "spec": {"nodeName": "n", "containers": [
-                {"name": "main", "resources": {"limits": {"nvidia.com/gpu": limit}}},
-                {"name": "sidecar"}
-            ]},
-        }))
-        .unwrap()
+        let mut builder = tessera_testcluster::pods::pod("p")
+            .namespace("ml")
+            .gpus(1)
+            .spec_field("nodeName", serde_json::json!("n"));
+        for (key, value) in annotations.as_object().into_iter().flatten() {
+            builder = builder.annotation(key, value.as_str().unwrap_or_default());
+        }
+        let mut pod = builder.build();
+        pod.metadata.uid = Some("6a1f0c2e-8b3d-4c5e-9f70-1a2b3c4d5e6f".into());
+        pod.metadata.creation_timestamp =
+            Some(serde_json::from_value(serde_json::json!("2026-01-01T00:00:01Z")).unwrap());
+        let spec = pod.spec.as_mut().unwrap();
+        spec.containers[0]
+            .resources
+            .get_or_insert_default()
+            .limits
+            .get_or_insert_default()
+            .insert("nvidia.com/gpu".into(), Quantity(limit.into()));
+        spec.containers.push(Container {
+            name: "sidecar".into(),
+            ..Container::default()
+        });
+        pod
     }
 
     #[test]

@@ -19,10 +19,11 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
-use tessera_contract::Isolation;
+use tessera_contract::{Isolation, PodUid};
 
 /// File name of the checkpoint inside the state directory.
 pub const CHECKPOINT_FILE: &str = "ledger.json";
@@ -62,32 +63,6 @@ impl PodRef {
 impl std::fmt::Display for PodRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{}", self.namespace, self.name)
-    }
-}
-
-/// A pod by `metadata.uid`: how the agent tells pods apart. A pod deleted and created
-/// again under the same name is another pod with another UID, and inherits nothing; the
-/// namespace and name ([`PodRef`]) are kept for display and for reading the kubelet's
-/// pod-resources `List`, which names pods, not UIDs.
-#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct PodUid(String);
-
-impl PodUid {
-    /// The UID `uid`.
-    pub fn new(uid: impl Into<String>) -> Self {
-        Self(uid.into())
-    }
-
-    /// The UID as the API server wrote it (it also names the pod's cgroups).
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Display for PodUid {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
     }
 }
 
@@ -166,6 +141,56 @@ pub struct GpuUsage {
     pub whole: bool,
     /// Number of holders.
     pub holders: usize,
+}
+
+/// What GPU `uuid` has handed out to those of `allocations` holding none of `slots` (the
+/// kubelet handing a slot out again proves its holder gone). The sums saturate: a checkpoint
+/// edited by hand cannot make them wrap around to look free. Pure, so the Allocate matcher
+/// computes it over the snapshot it decides on.
+pub fn usage_of(allocations: &[Allocation], uuid: &str, slots: &[String]) -> GpuUsage {
+    let mut usage = GpuUsage::default();
+    for a in allocations {
+        if a.slots.iter().any(|s| slots.contains(s)) {
+            continue;
+        }
+        for g in a.grants.iter().filter(|g| g.uuid == uuid) {
+            usage.memory_mib = usage.memory_mib.saturating_add(g.memory_mib);
+            usage.compute_milli = usage.compute_milli.saturating_add(g.compute_milli);
+            usage.whole |= a.is_whole();
+            usage.holders += 1;
+        }
+    }
+    usage
+}
+
+/// The node's ledger behind its one lock. Every part of the agent reaches the ledger through
+/// [`LedgerLock::lock`], which counts acquisitions, so that a test can show how often a path
+/// takes it (an `Allocate` decides and records under one acquisition).
+#[derive(Debug, Default)]
+pub struct LedgerLock {
+    inner: Mutex<Ledger>,
+    acquisitions: AtomicU64,
+}
+
+impl LedgerLock {
+    /// `ledger` behind the lock.
+    pub fn new(ledger: Ledger) -> Self {
+        Self {
+            inner: Mutex::new(ledger),
+            acquisitions: AtomicU64::new(0),
+        }
+    }
+
+    /// Locks the ledger (held only for short, non-async sections).
+    pub fn lock(&self) -> MutexGuard<'_, Ledger> {
+        self.acquisitions.fetch_add(1, Ordering::Relaxed);
+        self.inner.lock()
+    }
+
+    /// How many times the ledger has been locked so far.
+    pub fn acquisitions(&self) -> u64 {
+        self.acquisitions.load(Ordering::Relaxed)
+    }
 }
 
 /// One container as the kubelet's pod-resources `List` reports it.
@@ -463,6 +488,19 @@ impl Ledger {
         Ok(gone)
     }
 
+    /// Drops the allocations with ids `ids` (an Allocate that recorded them failed after)
+    /// and checkpoints; returns them.
+    pub fn remove(&mut self, ids: &[u64]) -> Result<Vec<Allocation>, LedgerError> {
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.file.allocations)
+            .into_iter()
+            .partition(|a| ids.contains(&a.id));
+        self.file.allocations = kept;
+        if !gone.is_empty() {
+            self.persist()?;
+        }
+        Ok(gone)
+    }
+
     /// Drops every allocation of the pod with UID `uid` (it was deleted or finished) and
     /// checkpoints; returns them. A pod of the same name with another UID keeps its own.
     pub fn release_pod(&mut self, uid: &PodUid) -> Result<Vec<Allocation>, LedgerError> {
@@ -485,19 +523,7 @@ impl Ledger {
     /// What GPU `uuid` has handed out to allocations holding none of `slots` (the kubelet
     /// handing a slot out again proves its holder gone).
     pub fn usage_except(&self, uuid: &str, slots: &[String]) -> GpuUsage {
-        let mut usage = GpuUsage::default();
-        for a in &self.file.allocations {
-            if a.slots.iter().any(|s| slots.contains(s)) {
-                continue;
-            }
-            for g in a.grants.iter().filter(|g| g.uuid == uuid) {
-                usage.memory_mib = usage.memory_mib.saturating_add(g.memory_mib);
-                usage.compute_milli = usage.compute_milli.saturating_add(g.compute_milli);
-                usage.whole |= a.is_whole();
-                usage.holders += 1;
-            }
-        }
-        usage
+        usage_of(&self.file.allocations, uuid, slots)
     }
 
     /// Whether `container` of the pod with UID `uid` already has an allocation.
@@ -649,7 +675,7 @@ mod tests {
     }
 
     fn uid_of(pod: &PodRef) -> Option<PodUid> {
-        Some(PodUid::new(format!("uid-{}", pod.name)))
+        Some(PodUid::new(format!("uid-{}", pod.name)).unwrap())
     }
 
     #[test]
@@ -660,7 +686,7 @@ mod tests {
             .insert(alloc(&["GPU-a-0"], "GPU-a", 500, Origin::Assigned, 1))
             .unwrap();
         let mut second = alloc(&["GPU-a-1"], "GPU-a", 250, Origin::Assigned, 1);
-        second.pod_uid = Some(PodUid::new("uid-b"));
+        second.pod_uid = Some(PodUid::new("uid-b").unwrap());
         second.isolation = Isolation::None;
         ledger.insert(second.clone()).unwrap();
         ledger.flush();
@@ -707,7 +733,10 @@ mod tests {
             )
             .unwrap();
         assert_eq!(report.named, vec![3]);
-        assert_eq!(ledger.allocations()[0].pod_uid, Some(PodUid::new("uid-a")));
+        assert_eq!(
+            ledger.allocations()[0].pod_uid,
+            Some(PodUid::new("uid-a").unwrap())
+        );
     }
 
     #[test]
@@ -808,8 +837,8 @@ mod tests {
         let ids: Vec<u64> = ledger.allocations().iter().map(|a| a.id).collect();
         assert_eq!(ids, vec![named, young, report.adopted[0]]);
         assert!(ledger.usage("GPU-b").whole);
-        assert!(ledger.has_container(&PodUid::new("uid-a"), "main"));
-        assert!(!ledger.has_container(&PodUid::new("uid-unknown"), "main"));
+        assert!(ledger.has_container(&PodUid::new("uid-a").unwrap(), "main"));
+        assert!(!ledger.has_container(&PodUid::new("uid-unknown").unwrap(), "main"));
         // A second pass with the same truth changes nothing.
         let again = ledger
             .reconcile(
@@ -831,7 +860,7 @@ mod tests {
         let mut ledger = Ledger::in_memory();
         let mut a = alloc(&["GPU-a-0"], "GPU-a", 500, Origin::Assigned, 0);
         a.pod = Some(PodRef::new("ml", "a"));
-        a.pod_uid = Some(PodUid::new("first"));
+        a.pod_uid = Some(PodUid::new("first").unwrap());
         a.container = Some("main".into());
         ledger.insert(a).unwrap();
         // The source now lists another pod under that name: the slots say the holder is
@@ -841,20 +870,29 @@ mod tests {
                 &[listed("ml", "a", &["GPU-a-0"])],
                 0,
                 0,
-                |_| Some(PodUid::new("second")),
+                |_| Some(PodUid::new("second").unwrap()),
                 |_| unreachable!(),
             )
             .unwrap();
         assert!(!report.changed());
-        assert_eq!(ledger.allocations()[0].pod_uid, Some(PodUid::new("first")));
+        assert_eq!(
+            ledger.allocations()[0].pod_uid,
+            Some(PodUid::new("first").unwrap())
+        );
         // Released by its own UID only.
         assert!(
             ledger
-                .release_pod(&PodUid::new("second"))
+                .release_pod(&PodUid::new("second").unwrap())
                 .unwrap()
                 .is_empty()
         );
-        assert_eq!(ledger.release_pod(&PodUid::new("first")).unwrap().len(), 1);
+        assert_eq!(
+            ledger
+                .release_pod(&PodUid::new("first").unwrap())
+                .unwrap()
+                .len(),
+            1
+        );
     }
 
     #[test]
@@ -862,7 +900,7 @@ mod tests {
         let mut ledger = Ledger::in_memory();
         let mut current = alloc(&["GPU-a-1"], "GPU-a", 500, Origin::Assigned, 0);
         current.pod = Some(PodRef::new("ml", "a"));
-        current.pod_uid = Some(PodUid::new("uid-a"));
+        current.pod_uid = Some(PodUid::new("uid-a").unwrap());
         current.container = Some("main".into());
         ledger.insert(current).unwrap();
         // The kubelet still lists the earlier ml/a (being torn down) holding another slot.

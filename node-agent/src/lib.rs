@@ -19,4 +19,6 @@ pub mod pod_table;
 pub mod probe;
 pub mod reconcile;
 pub mod report;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod topology;

@@ -11,7 +11,7 @@ use tessera_contract::keys;
 use tessera_device_plugin::{Device, DeviceList, Health};
 
 use crate::gpu::{GpuBackend, GpuCondition, GpuDevice, GpuError, XidEvent, resource_profile};
-use crate::ledger::Ledger;
+use crate::ledger::{Ledger, LedgerLock};
 use crate::topology::Topology;
 
 /// The resource of MIG devices with `profile`, named as NVIDIA's device plugin names it
@@ -94,7 +94,7 @@ pub struct Node {
     /// MIG devices made unhealthy by their own fatal XIDs.
     bad_mig: Mutex<std::collections::HashSet<String>>,
     /// Who holds what; also the checkpoint.
-    pub ledger: Mutex<Ledger>,
+    pub ledger: LedgerLock,
     /// Event metrics (Allocate latency).
     pub metrics: crate::metrics::Metrics,
     /// Bumped on every change of health or of the ledger (for the reporter).
@@ -149,7 +149,7 @@ impl Node {
             options,
             health: Mutex::new(health),
             bad_mig: Mutex::new(Default::default()),
-            ledger: Mutex::new(ledger),
+            ledger: LedgerLock::new(ledger),
             metrics: crate::metrics::Metrics::default(),
             changed: tokio::sync::watch::Sender::new(0),
         };
@@ -181,7 +181,7 @@ impl Node {
 
     /// Frees the shares of the pod with UID `uid`, which left the node (deleted or
     /// finished); a pod created again under its name keeps its own.
-    pub fn release_departed(&self, uid: &crate::ledger::PodUid) {
+    pub fn release_departed(&self, uid: &tessera_contract::PodUid) {
         let released = self.ledger.lock().release_pod(uid);
         match released {
             Ok(gone) if !gone.is_empty() => {
@@ -258,8 +258,7 @@ impl Node {
 
     /// The shareable GPU a slot id belongs to.
     pub fn slot_gpu(&self, slot: &str) -> Option<&GpuDevice> {
-        let (uuid, k) = slot.rsplit_once('-')?;
-        let k: u32 = k.parse().ok()?;
+        let (uuid, k) = parse_slot(slot)?;
         (k < self.options.shares_per_gpu)
             .then(|| self.slot_gpus().find(|d| d.uuid == uuid))
             .flatten()
@@ -406,4 +405,11 @@ fn unready(condition: GpuCondition) -> Option<String> {
 /// Slot `k` of GPU `uuid`.
 pub fn slot_id(uuid: &str, k: u32) -> String {
     format!("{uuid}-{k}")
+}
+
+/// The GPU UUID and the index of slot id `slot` (`<gpu-uuid>-<k>`, as [`slot_id`] writes it);
+/// `None` for any other text. Whether the GPU and the index exist is the caller's to check.
+pub fn parse_slot(slot: &str) -> Option<(&str, u32)> {
+    let (uuid, k) = slot.rsplit_once('-')?;
+    Some((uuid, k.parse().ok()?))
 }

@@ -12,7 +12,8 @@ use std::collections::BTreeMap;
 use tessera_contract::{Assignment, Isolation, keys};
 
 use crate::assignments::{ListedPod, PendingContainer, PendingPod};
-use crate::ledger::{PodRef, PodUid};
+use crate::ledger::PodRef;
+use tessera_contract::PodUid;
 
 /// One GPU pod bound to this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,10 +50,6 @@ pub struct RawPod<'a> {
     pub started: bool,
 }
 
-/// The most characters of a UID the agent accepts: API server UIDs are 36-character
-/// UUIDs; the bound keeps a forged one from costing more than a name.
-pub const MAX_UID_LEN: usize = 128;
-
 impl BoundPod {
     /// Validates `raw`; `Ok(None)` for a pod without GPU containers, `Err` naming the
     /// field or annotation that cannot be read (such a pod gets nothing: no share can be
@@ -63,13 +60,8 @@ impl BoundPod {
         if containers.is_empty() {
             return Ok(None);
         }
-        if raw.uid.is_empty() || raw.uid.len() > MAX_UID_LEN {
-            return Err(format!(
-                "uid: {} characters; expected the pod's metadata.uid (1..={MAX_UID_LEN} characters), \
-                 by which the agent tells a pod from one created again under its name",
-                raw.uid.len()
-            ));
-        }
+        // The UID is how a pod is told from one created again under its name.
+        let uid = PodUid::new(raw.uid).map_err(|e| format!("uid: {e}"))?;
         let assignment = raw
             .assignment
             .map(Assignment::from_json)
@@ -96,7 +88,7 @@ impl BoundPod {
             .collect();
         Ok(Some(Self {
             pending: PendingPod {
-                uid: PodUid::new(raw.uid),
+                uid,
                 pod: raw.pod,
                 created_unix_ms: raw.created_unix_ms,
                 isolation: isolation.unwrap_or_default(),
@@ -237,7 +229,7 @@ mod tests {
             p.pending.containers[1].gpus.as_ref().unwrap()[0].uuid,
             "GPU-a"
         );
-        assert_eq!(p.uid(), &PodUid::new("uid-1"));
+        assert_eq!(p.uid(), &PodUid::new("uid-1").unwrap());
         assert_eq!(p.pending.isolation, Isolation::Watchdog);
     }
 
@@ -262,7 +254,7 @@ mod tests {
         assert!(
             BoundPod::read(r)
                 .unwrap_err()
-                .starts_with("uid: 0 characters")
+                .starts_with("uid: empty; expected the pod's metadata.uid")
         );
     }
 
@@ -285,7 +277,7 @@ mod tests {
         let order: Vec<String> = t.pending().into_iter().map(|p| p.pod.name).collect();
         assert_eq!(order, ["a", "b"]);
         assert!(
-            t.get(&PodUid::new("uid-d")).is_some(),
+            t.get(&PodUid::new("uid-d").unwrap()).is_some(),
             "a terminating pod keeps its entry"
         );
     }
@@ -304,13 +296,13 @@ mod tests {
         ]);
         assert_eq!(
             t.listed(&PodRef::new("ns", "a")).unwrap().uid,
-            PodUid::new("new")
+            PodUid::new("new").unwrap()
         );
         assert_eq!(t.uids().count(), 2);
-        t.remove(&PodUid::new("new"));
+        t.remove(&PodUid::new("new").unwrap());
         assert_eq!(
             t.listed(&PodRef::new("ns", "a")).unwrap().uid,
-            PodUid::new("old")
+            PodUid::new("old").unwrap()
         );
     }
 }

@@ -10,13 +10,13 @@ use std::path::Path;
 use tessera_proto::podresources::v1 as pr;
 use tessera_proto::podresources::v1::pod_resources_lister_client::PodResourcesListerClient;
 
-use crate::assignments::AssignmentSource;
+use crate::assignments::{AssignmentSource, SourceKind};
 use crate::ledger::{
-    Adoption, Grant, ListedContainer, Origin, PodRef, PodUid, ReconcileReport, now_unix_ms,
+    Adoption, Grant, ListedContainer, Origin, PodRef, ReconcileReport, now_unix_ms,
 };
 use crate::node::Node;
-use tessera_contract::Isolation;
 use tessera_contract::keys::GPU_RESOURCE;
+use tessera_contract::{Isolation, PodUid};
 
 /// Failures talking to the kubelet's pod-resources API.
 #[derive(Debug, thiserror::Error)]
@@ -156,7 +156,7 @@ pub fn adoption(
     } else {
         Isolation::Watchdog
     };
-    if source.kind() == "none" {
+    if source.kind() == SourceKind::None {
         return Ok(whole(None, plain));
     }
     if !synced {

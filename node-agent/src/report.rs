@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::{Ascii, MetadataValue};
 
+use crate::assignments::allocated;
 use crate::coordinator_pods::CoordinatorPods;
 use crate::enforce::usage::PodMeter;
 use crate::gpu::PcieRelation;
@@ -117,16 +118,9 @@ pub fn occupancy(node: &Node, meter: &PodMeter) -> pb::Occupancy {
         .collect();
     let pending = meter.pending_pods();
     let ledger = node.ledger.lock();
-    // Pods whose every GPU container is in the ledger but that have not started: the
-    // coordinator holds other pods of the same request size off this node until then.
-    let allocated_pod_uids = pending
-        .iter()
-        .filter(|p| {
-            p.containers
-                .iter()
-                .all(|c| ledger.has_container(&p.uid, &c.name))
-        })
-        .map(|p| p.uid.as_str().to_owned())
+    // The coordinator holds other pods of the same request size off this node until then.
+    let allocated_pod_uids = allocated(&pending, &ledger)
+        .map(|uid| uid.as_str().to_owned())
         .collect();
     let gpus = node
         .devices()
@@ -527,13 +521,8 @@ async fn session(
                             tick.tick().await;
                         }
                         tracing::info!(coordinator = %w.coordinator_id, protocol = w.accepted_protocol_version, "connected to the coordinator");
-                        if peer.pods.is_some() && w.accepted_protocol_version < 2 {
-                            tracing::error!(
-                                protocol = w.accepted_protocol_version,
-                                "this coordinator does not stream the node's pods (protocol revision 2): GPU pods \
-                                 here get no assignment; upgrade the coordinator, or run the agent with \
-                                 --assignments kube (it then needs list/watch on pods)"
-                            );
+                        if let Some(pods) = peer.pods {
+                            pods.welcomed(w.accepted_protocol_version);
                         }
                         send(msg(pb::agent_message::Body::Occupancy(occupancy(node, meter))))?;
                     }
@@ -544,9 +533,9 @@ async fn session(
                         send(msg(pb::agent_message::Body::Inventory(inventory(node, node_name))))?;
                         send(msg(pb::agent_message::Body::Occupancy(occupancy(node, meter))))?;
                     }
-                    Some(pb::coordinator_message::Body::NodePods(pods)) => {
-                        if let Some(sink) = peer.pods {
-                            sink.receive(node, &pods);
+                    Some(pb::coordinator_message::Body::NodePods(list)) => {
+                        if let Some(pods) = peer.pods {
+                            pods.receive(node, &list);
                             // Occupancy lists which of them are allocated; it may have changed.
                             send(msg(pb::agent_message::Body::Occupancy(occupancy(node, meter))))?;
                         }

@@ -8,9 +8,10 @@
 //! `gpu-fraction-num-devices`, `pod-group-name`). A pod naming another scheduler is left to
 //! it: overriding an explicit choice would surprise its owner more than a Pending pod.
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Pod, PodSpec};
 
 use tessera_contract::keys;
+use tessera_contract::pod::{allocation_order, container_gpus};
 
 /// KAI Scheduler's annotations that Tessera reads as its own.
 const KAI_ANNOTATIONS: [&str; 4] = [
@@ -44,9 +45,7 @@ pub fn routing(pod: &Pod, scheduler_name: &str) -> Routing {
         None | Some("") | Some(keys::DEFAULT_SCHEDULER) => {}
         Some(_) => return Routing::Keep,
     }
-    let reason = gpu_container(spec.init_containers.iter().flatten(), "init container")
-        .or_else(|| gpu_container(spec.containers.iter(), "container"))
-        .or_else(|| contract_key(pod));
+    let reason = gpu_container(spec).or_else(|| contract_key(pod));
     match reason {
         Some(reason) => Routing::ToTessera {
             why: format!(
@@ -68,24 +67,26 @@ pub fn patch(scheduler_name: &str) -> json_patch::Patch {
     )])
 }
 
-/// "asks for nvidia.com/gpu in container \"x\"" for the first container of `containers` that
-/// requests or limits a non-zero number of GPUs.
-fn gpu_container<'a>(
-    containers: impl Iterator<Item = &'a Container>,
-    kind: &str,
-) -> Option<String> {
-    containers
-        .filter(|c| {
-            c.resources.as_ref().is_some_and(|r| {
-                [r.requests.as_ref(), r.limits.as_ref()]
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|m| m.get(keys::GPU_RESOURCE))
-                    .any(|q| !matches!(q.0.trim(), "" | "0"))
-            })
+/// "asks for nvidia.com/gpu in init container \"x\"" (or "container") for the first
+/// container, in the kubelet's allocation order, that asks for GPUs as the contract counts them
+/// (`container_gpus`: the limit, else the request). A count that is not a whole number also
+/// routes the pod: Tessera then says what is wrong with it, where the default scheduler would
+/// place it.
+fn gpu_container(spec: &PodSpec) -> Option<String> {
+    allocation_order(spec)
+        .find(|c| container_gpus(c.container) != Ok(0))
+        .map(|c| {
+            let kind = if c.is_init() {
+                "init container"
+            } else {
+                "container"
+            };
+            format!(
+                "asks for {} in {kind} {:?}",
+                keys::GPU_RESOURCE,
+                c.container.name
+            )
         })
-        .map(|c| format!("asks for {} in {kind} {:?}", keys::GPU_RESOURCE, c.name))
-        .next()
 }
 
 /// "carries label …" or "carries annotation …" for the first contract key on the pod.
@@ -162,6 +163,25 @@ mod tests {
             panic!("routed");
         };
         assert!(why.contains("in init container \"warmup\""), "{why}");
+    }
+
+    /// The count is read as the contract reads it for both sides (the limit, else the
+    /// request); one that is not a whole number still routes the pod, so that Tessera says
+    /// what is wrong with it.
+    #[test]
+    fn gpus_are_counted_as_the_contract_counts_them() {
+        let half = pod(json!({"spec": {"containers": [
+            {"name": "main", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "0.5"}}},
+        ]}}));
+        assert!(routed(&half));
+        let init_zero = pod(json!({"spec": {
+            "initContainers": [{"name": "warmup", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "0"}}}],
+            "containers": [{"name": "main", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "2"}}}],
+        }}));
+        let Routing::ToTessera { why } = routing(&init_zero, "tessera") else {
+            panic!("routed");
+        };
+        assert!(why.contains("in container \"main\""), "{why}");
     }
 
     #[test]

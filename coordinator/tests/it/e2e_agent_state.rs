@@ -14,12 +14,13 @@ use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
 use tessera_agent::assignments::AssignmentSource;
 use tessera_agent::enforce::watchdog::WatchdogConfig;
-use tessera_agent::ledger::{Origin, PodRef, PodUid};
-use tessera_contract::Isolation;
+use tessera_agent::ledger::{Origin, PodRef};
 use tessera_contract::keys::ISOLATION;
+use tessera_contract::{Isolation, PodUid};
 
 fn uid(pod: &Pod) -> PodUid {
     PodUid::new(pod.metadata.uid.clone().unwrap_or_default())
+        .expect("the API server gives every pod a UID")
 }
 
 /// What the agent of `node` holds for `pod`, by its UID: (GPU, milli, MiB, origin) per grant.

@@ -168,6 +168,30 @@ pub const RULES: &[Rule] = &[
         why: "the PI controller is pure decision logic with time as an input",
     },
     Rule {
+        path: "node-agent/src/plugin/matcher.rs",
+        never: &[
+            "parking_lot",
+            "std::sync",
+            "tokio",
+            "tonic",
+            "tessera_device_plugin",
+            "tracing",
+            "kube",
+            "std::fs",
+            "std::io",
+            "std::net",
+            "std::process",
+            "Instant::now",
+            "SystemTime::now",
+            "std::time::Instant::now",
+            "std::time::SystemTime::now",
+            "crate::node::Node",
+            "crate::ledger::Ledger",
+            "crate::ledger::LedgerLock",
+        ],
+        why: "the Allocate matcher is pure: no locks, clocks, I/O, logging or gRPC; the ledger, the node and the time are inputs",
+    },
+    Rule {
         path: "coordinator/src/agents",
         never: &["crate::cluster"],
         why: "the agent service never depends on cluster",
@@ -487,15 +511,114 @@ pub fn rust_files(path: &Path) -> std::io::Result<Vec<PathBuf>> {
 pub fn without_tests(source: &str) -> &str {
     let mut at = 0;
     for line in source.split_inclusive('\n') {
-        if line.trim() == "#[cfg(test)]" {
-            let rest = source[at + line.len()..].trim_start();
-            if rest.starts_with("mod ") {
-                return &source[..at];
-            }
+        if line.trim() == "#[cfg(test)]" && declares_module(&source[at + line.len()..]).is_some() {
+            return &source[..at];
         }
         at += line.len();
     }
     source
+}
+
+/// The name of the module `text` starts by declaring (`mod x`, `pub(crate) mod x`, inline or
+/// `mod x;`), if it does.
+fn declares_module(text: &str) -> Option<&str> {
+    let mut rest = text.trim_start();
+    if let Some(after) = rest.strip_prefix("pub") {
+        rest = after.trim_start();
+        if rest.starts_with('(') {
+            rest = &rest[rest.find(')')? + 1..];
+        }
+        rest = rest.trim_start();
+    }
+    let name = rest.strip_prefix("mod ")?.trim_start();
+    let end = name.find(|c: char| !is_ident(c)).unwrap_or(name.len());
+    (end > 0).then(|| &name[..end])
+}
+
+/// Whether `file` is a unit-test module kept in a file of its own: its parent module declares
+/// it under `#[cfg(test)]` (`#[cfg(test)] mod tests;` beside `mod.rs`, `lib.rs`, or in
+/// `x.rs` for a file of `x/`).
+pub fn is_test_module_file(file: &Path) -> bool {
+    let (Some(dir), Some(stem)) = (file.parent(), file.file_stem().and_then(|s| s.to_str())) else {
+        return false;
+    };
+    let (name, parents) = if stem == "mod" {
+        let Some(own) = dir.file_name().and_then(|s| s.to_str()) else {
+            return false;
+        };
+        let up = dir.parent().unwrap_or(dir);
+        (
+            own,
+            vec![
+                up.join("mod.rs"),
+                up.join("lib.rs"),
+                up.join("main.rs"),
+                up.with_extension("rs"),
+            ],
+        )
+    } else {
+        (
+            stem,
+            vec![
+                dir.join("mod.rs"),
+                dir.join("lib.rs"),
+                dir.join("main.rs"),
+                dir.with_extension("rs"),
+            ],
+        )
+    };
+    parents.iter().any(|parent| {
+        let Ok(source) = std::fs::read_to_string(parent) else {
+            return false;
+        };
+        let code = code_only(&source);
+        let mut at = 0;
+        code.split_inclusive('\n').any(|line| {
+            let start = at;
+            at += line.len();
+            line.trim() == "#[cfg(test)]"
+                && declares_module(&code[start + line.len()..]) == Some(name)
+        })
+    })
+}
+
+/// The product's own Rust sources under `root`: every `src/` file of the workspace's crates,
+/// without integration tests, benches, examples, build output or unit-test module files.
+pub fn product_files(root: &Path) -> std::io::Result<Vec<PathBuf>> {
+    fn walk(dir: &Path, in_src: bool, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+        for entry in std::fs::read_dir(dir)? {
+            let p = entry?.path();
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            if p.is_dir() {
+                let skip = name.starts_with('.')
+                    || name.starts_with("target")
+                    || matches!(name, "tests" | "benches" | "examples" | "node_modules");
+                if !skip {
+                    walk(&p, in_src || name == "src", out)?;
+                }
+            } else if in_src && name.ends_with(".rs") && !is_test_module_file(&p) {
+                out.push(p);
+            }
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    walk(root, false, &mut out)?;
+    out.sort();
+    Ok(out)
+}
+
+/// Every `use super::*` in `code` (already through [`code_only`]), by line: a module that
+/// takes all of its parent's names hides what it depends on, so only unit tests may.
+pub fn glob_imports_of_parent(code: &str) -> Vec<usize> {
+    code.lines()
+        .enumerate()
+        .filter(|(_, line)| {
+            let compact: String = line.split_whitespace().collect();
+            compact.contains("usesuper::*") || compact.contains("usesuper::{*")
+        })
+        .map(|(i, _)| i + 1)
+        .collect()
 }
 
 /// Every break of `rule` under `root`, as `file:line: path (why)`.
@@ -549,6 +672,56 @@ mod tests {
             all.extend(breaks(&root, rule).unwrap());
         }
         assert!(all.is_empty(), "layering broken:\n{}", all.join("\n"));
+    }
+
+    /// A module names what it takes from its parent: `use super::*` outside unit tests hides
+    /// what the module depends on (and let one type's methods spread over files unseen).
+    #[test]
+    fn no_module_outside_tests_takes_all_of_its_parent() {
+        let root = workspace_root();
+        let mut found = Vec::new();
+        for file in product_files(&root).unwrap() {
+            let source = std::fs::read_to_string(&file).unwrap();
+            for line in glob_imports_of_parent(&code_only(without_tests(&source))) {
+                let shown = file
+                    .strip_prefix(&root)
+                    .unwrap_or(&file)
+                    .display()
+                    .to_string();
+                found.push(format!(
+                    "{shown}:{line}: use super::* (name what the module uses)"
+                ));
+            }
+        }
+        assert!(
+            found.is_empty(),
+            "glob imports of a parent module:\n{}",
+            found.join("\n")
+        );
+    }
+
+    #[test]
+    fn test_modules_are_told_apart_whether_inline_or_in_files_of_their_own() {
+        let src = "fn a() {}\n#[cfg(test)]\npub(crate) mod tests {\n    use super::*;\n}\n";
+        assert_eq!(without_tests(src), "fn a() {}\n");
+        assert_eq!(glob_imports_of_parent(&code_only(src)), [4]);
+        let dir = std::env::temp_dir().join(format!("tessera-tidy-mods-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("src/m")).unwrap();
+        std::fs::write(dir.join("src/lib.rs"), "mod m;\n").unwrap();
+        std::fs::write(
+            dir.join("src/m.rs"),
+            "mod inner;\n#[cfg(test)]\nmod tests;\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("src/m/tests.rs"), "use super::*;\n").unwrap();
+        std::fs::write(dir.join("src/m/inner.rs"), "use super::*;\n").unwrap();
+        let files = product_files(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let names: Vec<String> = files
+            .iter()
+            .map(|f| f.strip_prefix(&dir).unwrap().display().to_string())
+            .collect();
+        assert_eq!(names, ["src/lib.rs", "src/m/inner.rs", "src/m.rs"]);
     }
 
     #[test]

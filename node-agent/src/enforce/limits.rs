@@ -5,8 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::ledger::{Ledger, PodRef, PodUid};
+use crate::ledger::{Ledger, PodRef};
 use tessera_contract::Isolation;
+use tessera_contract::PodUid;
 
 /// What one pod may use of one GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,7 +100,7 @@ mod tests {
                         compute_milli: milli,
                     }],
                     pod: pod.map(|(name, _)| PodRef::new("ml", name)),
-                    pod_uid: pod.and_then(|(_, uid)| (!uid.is_empty()).then(|| PodUid::new(uid))),
+                    pod_uid: pod.and_then(|(_, uid)| PodUid::new(uid).ok()),
                     container: Some(container.into()),
                     isolation,
                     origin: Origin::Assigned,

@@ -11,6 +11,10 @@
 //! allowed (no cluster, or a pending pod without an assignment), and otherwise fails
 //! with a message saying why — never some other pod's share.
 //!
+//! The matching is [`matcher`]'s, pure over one snapshot; this module takes the snapshot and
+//! records the answer under one acquisition of the ledger lock ([`GpuPlugin`]'s
+//! `under_one_lock`), so two Allocates racing for one GPU never both pass its capacity check.
+//!
 //! A restarted kubelet asks again for an allocation it was answered but had not yet
 //! checkpointed. Allocations made before a (re-)registration for pods that have not started
 //! are therefore unconfirmed until pod-resources lists them: one whose pod the kubelet lists
@@ -18,11 +22,10 @@
 //!
 //! Pods with `tessera.dev/isolation: mps` also get their GPU's MPS daemon (started on
 //! demand) and its client limits; a pod assigned a GPU in MIG mode (advertised only
-//! with `--mig-create`) gets a MIG instance created for it. Both are set up before the
-//! allocation is recorded, and undone if it cannot be; the common watchdog path does
-//! neither and stays synchronous.
+//! with `--mig-create`) gets a MIG instance created for it. Both are set up right after the
+//! allocation is recorded (which claims the capacity), and the record is dropped again if
+//! they cannot be; the common watchdog path does neither and stays synchronous.
 
-use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,17 +33,18 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tessera_device_plugin::{DeviceProvider, DeviceWatch, PluginOptions, ProviderError, api};
 
-use crate::assignments::AssignmentSource;
-use crate::enforce::mig::{MigError, MigManager};
-use crate::enforce::mps::{self, MpsManager, MpsPaths};
-use crate::gpu::MigInstance;
-use crate::ledger::{Grant, Origin, PodRef, PodUid};
+use crate::assignments::{AssignmentSource, SourceKind};
+use crate::enforce::mig::MigManager;
+use crate::enforce::mps::MpsManager;
+use crate::ledger::{Allocation, Ledger, now_unix_ms};
 use crate::node::Node;
-use tessera_contract::GpuSlice;
-use tessera_contract::Isolation;
+use enforced::Isolators;
+use matcher::{GpuView, NodeView, Plan, PreferredRequest, Refusal, Reservation, Snapshot};
+use restart::Unconfirmed;
+use tessera_contract::keys::GPU_RESOURCE;
 
 mod enforced;
-mod matching;
+pub(crate) mod matcher;
 mod mig;
 mod response;
 mod restart;
@@ -53,6 +57,9 @@ pub use mig::{MigPlugin, slots_of};
 /// pod before its Binding is sent, the agent normally knows a pod before its kubelet does.
 const WATCH_CATCH_UP: Duration = Duration::from_secs(5);
 
+/// How often a request the source cannot own yet looks again.
+const CATCH_UP_POLL: Duration = Duration::from_millis(10);
+
 /// Environment variable listing the container's GPUs.
 pub const ENV_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 /// Environment variable with the memory limit per GPU (MiB, comma-separated in
@@ -61,91 +68,27 @@ pub const ENV_MEMORY_LIMIT: &str = "TESSERA_GPU_MEMORY_LIMIT_MIB";
 /// Environment variable with the compute share per GPU (percent, same order).
 pub const ENV_COMPUTE_PERCENT: &str = "TESSERA_GPU_COMPUTE_PERCENT";
 
-/// How long a preferred-allocation answer stays reserved for its pod.
-const RESERVATION_TTL: Duration = Duration::from_secs(60);
-
-#[derive(Debug, Clone)]
-struct Reservation {
-    slots: BTreeSet<String>,
-    uid: PodUid,
-    container: String,
-    at: Instant,
-}
-
 /// The `nvidia.com/gpu` provider.
 pub struct GpuPlugin {
     node: Arc<Node>,
     source: Arc<dyn AssignmentSource>,
+    /// Slot sets preferred answers steered to pending containers. Locked only inside the
+    /// ledger's lock (in that order), in `under_one_lock`.
     reservations: Mutex<Vec<Reservation>>,
-    mps: Option<Arc<MpsManager>>,
-    mig: Option<Arc<MigManager>>,
+    isolators: Isolators,
     /// The kubelet's pod-resources socket, to settle unconfirmed allocations.
     pod_resources: Option<PathBuf>,
-    /// Ledger ids allocated before the latest registration for pods not started yet.
-    unconfirmed: Mutex<BTreeSet<u64>>,
+    /// Allocations a restarted kubelet may have lost.
+    unconfirmed: Unconfirmed,
 }
 
-/// A pending container an Allocate can be for.
-#[derive(Debug, Clone)]
-struct Candidate {
-    /// Its pod's UID, what it is recorded under.
-    uid: PodUid,
-    /// Its pod's namespace and name, for messages.
-    pod: PodRef,
-    /// The container's name.
-    container: String,
-    /// Its assigned GPUs (empty for a pod without an assignment).
-    gpus: Vec<GpuSlice>,
-    /// The pod's `tessera.dev/isolation` when the request came.
-    isolation: Isolation,
-}
-
-/// How a container's limits are set up at Allocate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    /// Nothing beyond the answer (watchdog, none, whole GPUs).
-    Plain,
-    /// Its GPU's MPS daemon and client limits.
-    Mps,
-    /// A MIG instance created on each of its (MIG-mode) GPUs.
-    Mig,
-}
-
-/// What was set up for a container before its allocation is recorded.
-enum Prepared {
-    /// Nothing.
-    Plain,
-    /// The GPU and its daemon's directories.
-    Mps(String, MpsPaths),
-    /// The instances, in grant order.
-    Mig(Vec<MigInstance>),
-}
-
-/// What one container will get.
-struct Plan {
-    slots: Vec<String>,
-    grants: Vec<Grant>,
-    /// Its pod and container; `None` for whole GPUs without a pod (no cluster).
-    owner: Option<Candidate>,
-    origin: Origin,
-    mode: Mode,
-    /// The isolation recorded with the allocation: what `mode` enforces, fixed from then on.
-    isolation: Isolation,
-}
-
-impl Plan {
-    /// `ns/name/container`, or a placeholder for whole GPUs without a pod.
-    fn who(&self) -> String {
-        match &self.owner {
-            Some(o) => format!("{}/{}", o.pod, o.container),
-            None => "a container without a pod".to_owned(),
+impl From<Refusal> for ProviderError {
+    fn from(refusal: Refusal) -> Self {
+        if refusal.is_invalid_request() {
+            ProviderError::InvalidRequest(refusal.to_string())
+        } else {
+            ProviderError::FailedPrecondition(refusal.to_string())
         }
-    }
-
-    fn is_for(&self, uid: &PodUid, container: &str) -> bool {
-        self.owner
-            .as_ref()
-            .is_some_and(|o| o.uid == *uid && o.container == container)
     }
 }
 
@@ -156,10 +99,9 @@ impl GpuPlugin {
             node,
             source,
             reservations: Mutex::new(Vec::new()),
-            mps: None,
-            mig: None,
+            isolators: Isolators::default(),
             pod_resources: None,
-            unconfirmed: Mutex::new(BTreeSet::new()),
+            unconfirmed: Unconfirmed::default(),
         }
     }
 
@@ -177,9 +119,176 @@ impl GpuPlugin {
         mps: Option<Arc<MpsManager>>,
         mig: Option<Arc<MigManager>>,
     ) -> Self {
-        self.mps = mps;
-        self.mig = mig;
+        self.isolators = Isolators { mps, mig };
         self
+    }
+
+    /// The node as the matcher sees it now: its GPUs with their health, and what this agent
+    /// can set up.
+    fn view(&self) -> NodeView<'_> {
+        let node = &self.node;
+        NodeView {
+            gpus: node
+                .devices()
+                .iter()
+                .map(|d| {
+                    let health = node.health(&d.uuid);
+                    GpuView {
+                        uuid: d.uuid.clone(),
+                        index: d.index,
+                        memory_total_mib: d.memory_total_mib,
+                        mig_mode: d.mig.is_some(),
+                        slots: node.slot_gpus().any(|s| s.uuid == d.uuid),
+                        healthy: health.healthy,
+                        xid: health.xid,
+                    }
+                })
+                .collect(),
+            shares_per_gpu: node.options().shares_per_gpu,
+            topology: node.topology(),
+            source: self.source.kind(),
+            mps: self.isolators.mps.is_some(),
+            mig_create: self.isolators.mig.is_some(),
+        }
+    }
+
+    /// Decides and records a request of `sizes` under one acquisition of the ledger lock:
+    /// the snapshot (pending pods, reservations, the ledger, the node, the time) is taken,
+    /// `decide` (pure) is called on it and `record` writes its outcome to the ledger and the
+    /// reservations before the lock is let go. While no pending pod could own a request of
+    /// each size ([`matcher::ready`]) it looks again, each look one acquisition that decides
+    /// nothing, for at most [`WATCH_CATCH_UP`]: the kubelet and the source see a binding
+    /// independently. Returns the outcome and how long it waited for the source.
+    async fn under_one_lock<D, T>(
+        &self,
+        sizes: &[usize],
+        decide: impl Fn(&Snapshot<'_>) -> D,
+        mut record: impl FnMut(D, &mut Ledger, &mut Vec<Reservation>) -> T,
+    ) -> (T, Duration) {
+        let kind = self.source.kind();
+        if kind != SourceKind::None {
+            let pending = || self.source.pending();
+            self.unconfirmed
+                .settle(&self.node, self.pod_resources.as_deref(), pending)
+                .await;
+        }
+        let began = Instant::now();
+        let deadline = began + WATCH_CATCH_UP;
+        loop {
+            let pending = self.source.pending();
+            let view = self.view();
+            let outcome = {
+                let mut ledger = self.node.ledger.lock();
+                let mut reservations = self.reservations.lock();
+                let now = Instant::now();
+                reservations.retain(|r| r.live_at(now));
+                let snapshot = Snapshot {
+                    node: &view,
+                    pending: &pending,
+                    reservations: &reservations,
+                    allocations: ledger.allocations(),
+                    now,
+                };
+                if matcher::ready(&snapshot, sizes) || now >= deadline {
+                    let decision = decide(&snapshot);
+                    Some(record(decision, &mut ledger, &mut reservations))
+                } else {
+                    None
+                }
+            };
+            if let Some(outcome) = outcome {
+                let waited = began.elapsed();
+                if kind != SourceKind::None {
+                    self.node.metrics.observe_pod_wait(waited);
+                }
+                return (outcome, waited);
+            }
+            tokio::time::sleep(CATCH_UP_POLL).await;
+        }
+    }
+
+    /// Sets up the MPS daemons and MIG instances `plans` (recorded as `ids`) need and
+    /// answers; when that fails, the records are dropped and what was created destroyed.
+    async fn finish(
+        &self,
+        plans: &[Plan],
+        ids: &[u64],
+    ) -> Result<api::AllocateResponse, ProviderError> {
+        let cdi = self.node.options().cdi;
+        let mut made: Vec<String> = Vec::new();
+        let mut container_responses = Vec::new();
+        for (plan, &id) in plans.iter().zip(ids) {
+            match self
+                .isolators
+                .prepare(&self.node, plan, id, &mut made)
+                .await
+            {
+                Ok(prepared) => {
+                    self.isolators.attach(&prepared, id);
+                    container_responses.push(response::response(cdi, plan, &prepared));
+                }
+                Err(error) => {
+                    let dropped = self.node.ledger.lock().remove(ids);
+                    if let Err(e) = dropped {
+                        tracing::warn!(error = %e, "could not drop the records of a failed Allocate");
+                    }
+                    self.isolators.abandon(made).await;
+                    return Err(error);
+                }
+            }
+        }
+        Ok(api::AllocateResponse {
+            container_responses,
+        })
+    }
+}
+
+/// Records `plans` in `ledger` (releasing the previous holders of their slots) and returns
+/// their allocation ids; when one cannot be recorded, none is.
+fn record(ledger: &mut Ledger, plans: &[Plan]) -> Result<Vec<u64>, ProviderError> {
+    let mut ids = Vec::new();
+    for plan in plans {
+        let recorded = ledger.remove_holding(&plan.slots).and_then(|gone| {
+            for old in gone {
+                tracing::info!(id = old.id, pod = ?old.pod, uid = ?old.pod_uid,
+                    "slots handed out again; previous holder released");
+            }
+            ledger.insert(Allocation {
+                id: 0,
+                resource: GPU_RESOURCE.to_owned(),
+                slots: plan.slots.clone(),
+                grants: plan.grants.clone(),
+                pod: plan.owner.as_ref().map(|o| o.pod.clone()),
+                pod_uid: plan.owner.as_ref().map(|o| o.uid.clone()),
+                container: plan.owner.as_ref().map(|o| o.container.clone()),
+                isolation: plan.isolation,
+                origin: plan.origin,
+                at_unix_ms: now_unix_ms(),
+            })
+        });
+        match recorded {
+            Ok(id) => ids.push(id),
+            Err(error) => {
+                let _ = ledger.remove(&ids);
+                return Err(ProviderError::Unavailable(error.to_string()));
+            }
+        }
+    }
+    Ok(ids)
+}
+
+/// Says what each of `plans` got.
+fn log_allocated(plans: &[Plan]) {
+    for plan in plans {
+        if plan.mig_watched {
+            tracing::warn!(container = %plan.who(),
+                "isolation mig on a GPU not in MIG mode; limits are watched instead");
+        }
+        match &plan.owner {
+            Some(o) => tracing::info!(pod = %o.pod, uid = %o.uid, container = o.container,
+                slots = ?plan.slots, origin = ?plan.origin, isolation = %plan.isolation, "allocated"),
+            None => tracing::info!(slots = ?plan.slots, "allocated whole GPUs"),
+        }
     }
 }
 
@@ -197,27 +306,40 @@ impl DeviceProvider for GpuPlugin {
     }
 
     fn registering(&self) {
-        self.mark_unconfirmed();
+        self.unconfirmed.mark(&self.node, &self.source.pending());
     }
 
     async fn preferred_allocation(
         &self,
         request: api::PreferredAllocationRequest,
     ) -> Result<api::PreferredAllocationResponse, ProviderError> {
-        let sizes: Vec<usize> = request
+        let requests: Vec<PreferredRequest<'_>> = request
             .container_requests
             .iter()
-            .map(|r| usize::try_from(r.allocation_size).unwrap_or(0))
+            .map(|r| PreferredRequest {
+                size: usize::try_from(r.allocation_size).unwrap_or(0),
+                available: &r.available_device_i_ds,
+                must_include: &r.must_include_device_i_ds,
+            })
             .collect();
-        self.await_candidates(&sizes).await;
-        let mut container_responses = Vec::new();
-        for req in &request.container_requests {
-            container_responses.push(api::ContainerPreferredAllocationResponse {
-                device_i_ds: self.preferred_one(req)?,
-            });
-        }
+        let sizes: Vec<usize> = requests.iter().map(|r| r.size).collect();
+        let (answers, _) = self
+            .under_one_lock(
+                &sizes,
+                |snapshot| matcher::preferred(snapshot, &requests),
+                |answers, _, reservations| {
+                    matcher::reserve(reservations, &answers);
+                    answers
+                },
+            )
+            .await;
         Ok(api::PreferredAllocationResponse {
-            container_responses,
+            container_responses: answers
+                .into_iter()
+                .map(|a| api::ContainerPreferredAllocationResponse {
+                    device_i_ds: a.slots,
+                })
+                .collect(),
         })
     }
 
@@ -225,19 +347,35 @@ impl DeviceProvider for GpuPlugin {
         &self,
         request: api::AllocateRequest,
     ) -> Result<api::AllocateResponse, ProviderError> {
-        let sizes: Vec<usize> = request
+        let began = Instant::now();
+        let requests: Vec<Vec<String>> = request
             .container_requests
-            .iter()
-            .map(|r| r.devices_ids.len())
+            .into_iter()
+            .map(|r| r.devices_ids)
             .collect();
-        self.await_candidates(&sizes).await;
-        let started = Instant::now();
-        let result = match self.plan_request(&request) {
-            Ok(plans) if plans.iter().all(|p| p.mode == Mode::Plain) => self.commit(&plans, &[]),
-            Ok(plans) => self.allocate_enforced(&plans).await,
-            Err(e) => Err(e),
+        let sizes: Vec<usize> = requests.iter().map(Vec::len).collect();
+        let (recorded, waited) = self
+            .under_one_lock(
+                &sizes,
+                |snapshot| matcher::allocate(snapshot, &requests),
+                |decision, ledger, reservations| {
+                    let plans = decision?;
+                    let ids = record(ledger, &plans)?;
+                    matcher::release(reservations, &plans);
+                    Ok::<_, ProviderError>((plans, ids))
+                },
+            )
+            .await;
+        let result = match recorded {
+            Ok((plans, ids)) => {
+                log_allocated(&plans);
+                self.finish(&plans, &ids).await
+            }
+            Err(error) => Err(error),
         };
-        self.node.metrics.observe_allocate(started.elapsed());
+        self.node
+            .metrics
+            .observe_allocate(began.elapsed().saturating_sub(waited));
         if result.is_ok() {
             self.node.bump();
         }
@@ -245,29 +383,5 @@ impl DeviceProvider for GpuPlugin {
     }
 }
 
-impl GpuPlugin {
-    fn plan_request(&self, request: &api::AllocateRequest) -> Result<Vec<Plan>, ProviderError> {
-        let mut plans: Vec<Plan> = Vec::new();
-        for req in &request.container_requests {
-            let mut plan = self.plan(&req.devices_ids, &plans)?;
-            self.check_capacity(&plan)?;
-            plan.mode = self.mode_of(&plan)?;
-            plan.isolation = recorded_isolation(plan.mode, plan.isolation);
-            plans.push(plan);
-        }
-        Ok(plans)
-    }
-}
-
-/// The isolation an allocation is recorded with: what its mode enforces. `requested` is the
-/// pod's `tessera.dev/isolation` when it was allocated; a plain allocation is watched by the
-/// watchdog unless the pod asked for no enforcement (a pod asking for MIG on a GPU not in MIG
-/// mode is watched instead, as the warning at Allocate says).
-fn recorded_isolation(mode: Mode, requested: Isolation) -> Isolation {
-    match mode {
-        Mode::Mps => Isolation::Mps,
-        Mode::Mig => Isolation::Mig,
-        Mode::Plain if requested == Isolation::None => Isolation::None,
-        Mode::Plain => Isolation::Watchdog,
-    }
-}
+#[cfg(test)]
+mod tests;

@@ -1,121 +1,52 @@
-//! Recording an allocation in the ledger and the answer the kubelet passes to the runtime.
+//! The answer the kubelet passes to the runtime: devices and limit variables per container.
 
 use std::collections::HashMap;
 
-use tessera_device_plugin::{ProviderError, api};
+use tessera_device_plugin::api;
 
-use super::*;
-use crate::ledger::{Allocation, Grant, now_unix_ms};
+use super::enforced::Prepared;
+use super::matcher::Plan;
+use super::{ENV_COMPUTE_PERCENT, ENV_MEMORY_LIMIT, ENV_VISIBLE_DEVICES};
+use crate::enforce::mps;
+use crate::ledger::Grant;
 use tessera_contract::keys::GPU_RESOURCE;
 
-impl GpuPlugin {
-    pub(super) fn response(
-        &self,
-        plan: &Plan,
-        prepared: &Prepared,
-    ) -> api::ContainerAllocateResponse {
-        let cdi = self.node.options().cdi;
-        match prepared {
-            Prepared::Plain => container_response(cdi, &plan.grants, None),
-            Prepared::Mig(instances) => {
-                let uuids: Vec<String> = instances.iter().map(|i| i.uuid.clone()).collect();
-                container_response(cdi, &plan.grants, Some(&uuids))
-            }
-            Prepared::Mps(_, paths) => {
-                let mut response = container_response(cdi, &plan.grants, None);
-                // `mode_of` admits MPS containers with exactly one GPU.
-                if let Some(g) = plan.grants.first() {
-                    response.envs.extend(mps::client_env(
-                        g.memory_mib,
-                        g.compute_milli,
-                        &paths.pipe,
-                    ));
-                }
-                let pipe = paths.pipe.display().to_string();
-                response.mounts.push(api::Mount {
-                    container_path: pipe.clone(),
-                    host_path: pipe,
-                    read_only: false,
-                });
-                // The daemon's shared memory: without it the client cannot attach and
-                // would run with no limits at all.
-                response.mounts.push(api::Mount {
-                    container_path: "/dev/shm".to_owned(),
-                    host_path: paths.shm.display().to_string(),
-                    read_only: false,
-                });
+/// The answer for `plan`, with what was set up for it (`prepared`); `cdi` names devices by
+/// CDI instead of `NVIDIA_VISIBLE_DEVICES`.
+pub(super) fn response(
+    cdi: bool,
+    plan: &Plan,
+    prepared: &Prepared,
+) -> api::ContainerAllocateResponse {
+    match prepared {
+        Prepared::Plain => container_response(cdi, &plan.grants, None),
+        Prepared::Mig(instances) => {
+            let uuids: Vec<String> = instances.iter().map(|i| i.uuid.clone()).collect();
+            container_response(cdi, &plan.grants, Some(&uuids))
+        }
+        Prepared::Mps(_, paths) => {
+            let mut response = container_response(cdi, &plan.grants, None);
+            // The matcher admits MPS containers with exactly one GPU.
+            if let Some(g) = plan.grants.first() {
                 response
+                    .envs
+                    .extend(mps::client_env(g.memory_mib, g.compute_milli, &paths.pipe));
             }
+            let pipe = paths.pipe.display().to_string();
+            response.mounts.push(api::Mount {
+                container_path: pipe.clone(),
+                host_path: pipe,
+                read_only: false,
+            });
+            // The daemon's shared memory: without it the client cannot attach and would
+            // run with no limits at all.
+            response.mounts.push(api::Mount {
+                container_path: "/dev/shm".to_owned(),
+                host_path: paths.shm.display().to_string(),
+                read_only: false,
+            });
+            response
         }
-    }
-
-    /// Records `plans` in the ledger and answers; `prepared` (empty on the plain path)
-    /// holds what was set up for each plan.
-    pub(super) fn commit(
-        &self,
-        plans: &[Plan],
-        prepared: &[Prepared],
-    ) -> Result<api::AllocateResponse, ProviderError> {
-        let mut container_responses = Vec::new();
-        let mut ids = Vec::new();
-        {
-            let mut ledger = self.node.ledger.lock();
-            for (k, plan) in plans.iter().enumerate() {
-                for old in ledger
-                    .remove_holding(&plan.slots)
-                    .map_err(|e| ProviderError::Internal(e.to_string()))?
-                {
-                    tracing::info!(id = old.id, pod = ?old.pod, uid = ?old.pod_uid, "slots handed out again; previous holder released");
-                }
-                let id = ledger
-                    .insert(Allocation {
-                        id: 0,
-                        resource: GPU_RESOURCE.to_owned(),
-                        slots: plan.slots.clone(),
-                        grants: plan.grants.clone(),
-                        pod: plan.owner.as_ref().map(|o| o.pod.clone()),
-                        pod_uid: plan.owner.as_ref().map(|o| o.uid.clone()),
-                        container: plan.owner.as_ref().map(|o| o.container.clone()),
-                        isolation: plan.isolation,
-                        origin: plan.origin,
-                        at_unix_ms: now_unix_ms(),
-                    })
-                    .map_err(|e| ProviderError::Unavailable(e.to_string()))?;
-                let prepared = prepared.get(k).unwrap_or(&Prepared::Plain);
-                container_responses.push(self.response(plan, prepared));
-                ids.push(id);
-            }
-        }
-        for (id, prepared) in ids.into_iter().zip(prepared) {
-            match prepared {
-                Prepared::Plain => {}
-                Prepared::Mps(gpu, _) => {
-                    if let Some(mps) = &self.mps {
-                        mps.attach(gpu, id);
-                    }
-                }
-                Prepared::Mig(instances) => {
-                    if let Some(mig) = &self.mig {
-                        for i in instances {
-                            mig.bind(&i.uuid, id);
-                        }
-                    }
-                }
-            }
-        }
-        let mut reservations = self.reservations.lock();
-        for plan in plans {
-            if let Some(o) = &plan.owner {
-                reservations.retain(|r| !(r.uid == o.uid && r.container == o.container));
-                tracing::info!(pod = %o.pod, uid = %o.uid, container = o.container, slots = ?plan.slots,
-                    origin = ?plan.origin, isolation = %plan.isolation, "allocated");
-            } else {
-                tracing::info!(slots = ?plan.slots, "allocated whole GPUs");
-            }
-        }
-        Ok(api::AllocateResponse {
-            container_responses,
-        })
     }
 }
 

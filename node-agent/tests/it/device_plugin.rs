@@ -7,8 +7,9 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use common::{Harness, WAIT, gpu_of, refs, share};
-use tessera_agent::assignments::{NoAssignments, StaticAssignments};
+use tessera_agent::assignments::NoAssignments;
 use tessera_agent::ledger::PodRef;
+use tessera_agent::testing::StaticAssignments;
 use tonic::Code;
 
 #[tokio::test]

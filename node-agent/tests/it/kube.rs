@@ -12,32 +12,27 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use tessera_agent::assignments::AssignmentSource;
 use tessera_agent::kube_assignments::KubeAssignments;
-use tessera_agent::ledger::PodUid;
+use tessera_contract::PodUid;
 use tessera_contract::keys::ASSIGNMENT as ASSIGNMENT_ANNOTATION;
-use tessera_testcluster::{Cluster, ClusterOptions};
+use tessera_testcluster::{Cluster, ClusterOptions, pods};
 
-fn gpu_pod(name: &str, node: &str, created: &str, gpus: u32, assignment: Option<String>) -> Pod {
-    let annotations = match assignment {
-        Some(a) => serde_json::json!({ ASSIGNMENT_ANNOTATION: a }),
-        None => serde_json::json!({}),
-    };
-    serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "annotations": annotations,
-                     "creationTimestamp": created},
-        "spec": {"nodeName": node, "schedulerName": "tessera", "containers": [
-            {"name": "main", "image": "cuda",
-             "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}}}
-        ]},
-    }))
-    .unwrap()
+/// A pod of `gpus` GPUs bound to `node` at creation, with `assignment` when given.
+fn gpu_pod(name: &str, node: &str, gpus: u32, assignment: Option<String>) -> Pod {
+    let pod = pods::pod(name)
+        .gpus(gpus)
+        .spec_field("nodeName", serde_json::json!(node));
+    match assignment {
+        Some(a) => pod.annotation(ASSIGNMENT_ANNOTATION, &a),
+        None => pod,
+    }
+    .build()
 }
 
 /// The ledger holds `name`'s main container, and the pod itself was left as it was: the
 /// agent writes no pod.
 async fn assert_allocated(h: &Harness, api: &Api<Pod>, name: &str) {
     let pod = api.get(name).await.unwrap();
-    let uid = PodUid::new(pod.metadata.uid.clone().unwrap());
+    let uid = PodUid::new(pod.metadata.uid.clone().unwrap()).unwrap();
     assert!(h.agent().node().ledger.lock().has_container(&uid, "main"));
     let annotations = pod.metadata.annotations.unwrap_or_default();
     assert!(
@@ -63,13 +58,7 @@ async fn pods_bound_to_this_node_get_exactly_their_assignment_and_are_not_writte
     let pp = PostParams::default();
     api.create(
         &pp,
-        &gpu_pod(
-            "a",
-            "node-a",
-            "2026-01-01T00:00:01Z",
-            1,
-            Some(share(&g0, 20480, 500).to_json()),
-        ),
+        &gpu_pod("a", "node-a", 1, Some(share(&g0, 20480, 500).to_json())),
     )
     .await
     .unwrap();
@@ -77,13 +66,7 @@ async fn pods_bound_to_this_node_get_exactly_their_assignment_and_are_not_writte
     tokio::time::sleep(Duration::from_millis(1100)).await;
     api.create(
         &pp,
-        &gpu_pod(
-            "b",
-            "node-a",
-            "2026-01-01T00:00:02Z",
-            1,
-            Some(share(&g0, 8192, 200).to_json()),
-        ),
+        &gpu_pod("b", "node-a", 1, Some(share(&g0, 8192, 200).to_json())),
     )
     .await
     .unwrap();
@@ -93,7 +76,6 @@ async fn pods_bound_to_this_node_get_exactly_their_assignment_and_are_not_writte
         &gpu_pod(
             "elsewhere",
             "node-b",
-            "2026-01-01T00:00:00Z",
             1,
             Some(share(&g0, 40960, 1000).to_json()),
         ),
@@ -101,12 +83,9 @@ async fn pods_bound_to_this_node_get_exactly_their_assignment_and_are_not_writte
     .await
     .unwrap();
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    api.create(
-        &pp,
-        &gpu_pod("plain", "node-a", "2026-01-01T00:00:03Z", 2, None),
-    )
-    .await
-    .unwrap();
+    api.create(&pp, &gpu_pod("plain", "node-a", 2, None))
+        .await
+        .unwrap();
     assert!(source.wait_synced(WAIT).await);
     let deadline = tokio::time::Instant::now() + WAIT;
     while source.pending().len() < 3 {

@@ -14,6 +14,7 @@ use serde_json::json;
 use tessera_agent::gpu::sim::SimBackend;
 use tessera_agent::plugin::{ENV_COMPUTE_PERCENT, ENV_MEMORY_LIMIT};
 use tessera_contract::keys::ASSIGNMENT as ASSIGNMENT_ANNOTATION;
+use tessera_testcluster::pods::{self, PodBuilder};
 use tessera_testcluster::{AgentProcess, Cluster, ClusterOptions, GpuNode, LiteNode, NodeOptions};
 
 const SHAPE: &str = "l40s-4x-pcie.yaml";
@@ -106,8 +107,8 @@ impl Setup {
     }
 
     /// Creates `pod` and binds it to the node through the Binding subresource, as a scheduler does.
-    async fn create_bound(&self, pod: serde_json::Value) {
-        let pod: Pod = serde_json::from_value(pod).unwrap();
+    async fn create_bound(&self, pod: PodBuilder) {
+        let pod = pod.build();
         let name = pod.metadata.name.clone().unwrap();
         self.pods()
             .create(&PostParams::default(), &pod)
@@ -151,18 +152,7 @@ fn assignment(container: &str, uuid: &str, memory_mib: u64, compute_milli: u32) 
     .to_string()
 }
 
-fn gpu_pod(
-    name: &str,
-    annotations: serde_json::Value,
-    spec: serde_json::Value,
-) -> serde_json::Value {
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "annotations": annotations},
-        "spec": spec,
-    })
-}
-
+/// An init container asking for `gpus` GPUs (the pod builder's app container is `main`).
 fn gpu_container(name: &str, gpus: u32) -> serde_json::Value {
     json!({"name": name, "image": "cuda", "resources": {"limits": {GPU: gpus.to_string()}}})
 }
@@ -172,10 +162,9 @@ async fn an_assigned_pod_gets_exactly_its_gpu_share_through_the_real_device_mana
     let s = Setup::start().await;
     // Not GPU 0: an agent answering "the first free GPU" must fail this test.
     let uuid = s.uuid(2);
-    s.create_bound(gpu_pod(
-        "p",
-        json!({"tessera.dev/gpu-fraction": "0.5", ASSIGNMENT_ANNOTATION: assignment("main", &uuid, 23034, 500)}),
-        json!({"schedulerName": "tessera", "containers": [gpu_container("main", 1)]}),
+    s.create_bound(pods::pod("p").fraction("0.5").annotation(
+        ASSIGNMENT_ANNOTATION,
+        &assignment("main", &uuid, 23034, 500),
     ))
     .await;
     s.wait_running("p").await;
@@ -199,11 +188,12 @@ async fn an_init_container_and_the_app_container_after_it_share_the_gpu_the_kube
     let s = Setup::start().await;
     // Another scheduler's pod: no assignment, so the agent gives whole free GPUs. The kubelet
     // allocates the init container first and hands its device to the app container.
-    s.create_bound(gpu_pod(
-        "init-then-app",
-        json!({}),
-        json!({"initContainers": [gpu_container("fetch", 1)], "containers": [gpu_container("main", 1)]}),
-    ))
+    s.create_bound(
+        pods::pod("init-then-app")
+            .gpus(1)
+            .spec_field("schedulerName", json!("default-scheduler"))
+            .spec_field("initContainers", json!([gpu_container("fetch", 1)])),
+    )
     .await;
     s.wait_running("init-then-app").await;
     let init = s
@@ -233,10 +223,9 @@ async fn an_init_container_and_the_app_container_after_it_share_the_gpu_the_kube
 async fn a_kubelet_restart_keeps_running_pods_devices_and_the_agent_registers_again() {
     let mut s = Setup::start().await;
     let first = s.uuid(1);
-    s.create_bound(gpu_pod(
-        "before",
-        json!({ASSIGNMENT_ANNOTATION: assignment("main", &first, 46068, 1000)}),
-        json!({"schedulerName": "tessera", "containers": [gpu_container("main", 1)]}),
+    s.create_bound(pods::pod("before").gpus(1).annotation(
+        ASSIGNMENT_ANNOTATION,
+        &assignment("main", &first, 46068, 1000),
     ))
     .await;
     s.wait_running("before").await;
@@ -266,10 +255,9 @@ async fn a_kubelet_restart_keeps_running_pods_devices_and_the_agent_registers_ag
 
     // A second whole-GPU pod for the same GPU must not get the slot the first still holds.
     let second = s.uuid(3);
-    s.create_bound(gpu_pod(
-        "after",
-        json!({ASSIGNMENT_ANNOTATION: assignment("main", &second, 46068, 1000)}),
-        json!({"schedulerName": "tessera", "containers": [gpu_container("main", 1)]}),
+    s.create_bound(pods::pod("after").gpus(1).annotation(
+        ASSIGNMENT_ANNOTATION,
+        &assignment("main", &second, 46068, 1000),
     ))
     .await;
     s.wait_running("after").await;
@@ -300,10 +288,9 @@ async fn the_topology_manager_never_narrows_a_pod_away_from_its_assigned_gpu() {
     options.topology_policy = "single-numa-node".into();
     let s = Setup::start_with(options).await;
     let uuid = s.uuid(3);
-    s.create_bound(gpu_pod(
-        "numa-1",
-        json!({"tessera.dev/gpu-fraction": "0.25", ASSIGNMENT_ANNOTATION: assignment("main", &uuid, 11517, 250)}),
-        json!({"schedulerName": "tessera", "containers": [gpu_container("main", 1)]}),
+    s.create_bound(pods::pod("numa-1").fraction("0.25").annotation(
+        ASSIGNMENT_ANNOTATION,
+        &assignment("main", &uuid, 11517, 250),
     ))
     .await;
     s.wait_running("numa-1").await;

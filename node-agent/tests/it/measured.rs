@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use common::{Harness, refs, share};
 use tessera_agent::admin::{self, Response};
-use tessera_agent::assignments::StaticAssignments;
 use tessera_agent::enforce::usage::{PodMeter, ProcessAttribution};
 use tessera_agent::ledger::{Allocation, Grant, Origin, PodRef};
+use tessera_agent::testing::StaticAssignments;
 use tessera_contract::Isolation;
 
 const UID_A: &str = "6a1f0c2e-8b3d-4c5e-9f70-1a2b3c4d5e6f";

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{Harness, bind_isolated};
-use tessera_agent::assignments::StaticAssignments;
 use tessera_agent::enforce::mig::MigConfig;
 use tessera_agent::gpu::{GpuBackend, MigInstance};
 use tessera_agent::ledger::PodRef;
+use tessera_agent::testing::StaticAssignments;
 use tessera_contract::Isolation;
 use tessera_device_plugin::testing::PluginConnection;
 use tessera_testcluster::until;

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Harness, bind_isolated, share};
-use tessera_agent::assignments::StaticAssignments;
 use tessera_agent::enforce::mps::{MpsConfig, PID_FILE};
 use tessera_agent::ledger::PodRef;
+use tessera_agent::testing::StaticAssignments;
 use tessera_contract::Isolation;
 use tessera_device_plugin::testing::PluginConnection;
 use tessera_testcluster::until;

@@ -5,10 +5,11 @@ use crate::common;
 use std::sync::Arc;
 
 use common::{Harness, WAIT, gpu_of, refs, share};
-use tessera_agent::assignments::StaticAssignments;
 use tessera_agent::coordinator_pods::CoordinatorPods;
-use tessera_agent::ledger::{CHECKPOINT_FILE, Origin, PodRef, PodUid};
+use tessera_agent::ledger::{CHECKPOINT_FILE, Origin, PodRef};
 use tessera_agent::reconcile::reconcile_once;
+use tessera_agent::testing::StaticAssignments;
+use tessera_contract::PodUid;
 use tessera_device_plugin::testing::pod_with_devices;
 use tessera_proto::tessera::v1 as pb;
 use tessera_testcluster::until;
@@ -369,7 +370,7 @@ async fn a_lost_checkpoint_is_adopted_at_the_assigned_shares_once_the_coordinato
                 let held = ledger
                     .allocations()
                     .iter()
-                    .find(|x| x.pod_uid == Some(PodUid::new(format!("uid-ml-{name}"))))
+                    .find(|x| x.pod_uid == Some(PodUid::new(format!("uid-ml-{name}")).unwrap()))
                     .unwrap_or_else(|| panic!("{damage}: {name} not adopted"));
                 assert_eq!(held.origin, Origin::Assigned, "{damage}: {name}");
                 assert_eq!(
@@ -394,7 +395,7 @@ async fn a_lost_checkpoint_is_adopted_at_the_assigned_shares_once_the_coordinato
             assert_eq!(aside, 1, "the corrupt checkpoint was moved aside");
         }
         // c ends before the next round.
-        let c = PodUid::new(format!("uid-c-{damage}"));
+        let c = PodUid::new(format!("uid-c-{damage}")).unwrap();
         h.agent().node().release_departed(&c);
         h.agent().node().ledger.lock().flush();
     }
@@ -417,7 +418,7 @@ async fn a_pod_created_again_under_its_name_gets_its_own_allocation() {
         node()
             .ledger
             .lock()
-            .has_container(&PodUid::new("uid-first"), "main")
+            .has_container(&PodUid::new("uid-first").unwrap(), "main")
     );
     // Deleted and created again under its name (a StatefulSet, or two lists the agent saw
     // back to back): the next list has the new UID only.
@@ -434,5 +435,5 @@ async fn a_pod_created_again_under_its_name_gets_its_own_allocation() {
         .iter()
         .map(|a| a.pod_uid.clone())
         .collect();
-    assert_eq!(uids, [Some(PodUid::new("uid-second"))]);
+    assert_eq!(uids, [Some(PodUid::new("uid-second").unwrap())]);
 }

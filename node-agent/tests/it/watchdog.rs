@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 use common::{Harness, proc_stat, refs, share};
 use tessera_agent::admin::{self, Response, StatusReport};
 use tessera_agent::agent::Agent;
-use tessera_agent::assignments::StaticAssignments;
 use tessera_agent::enforce::memory::MemoryAction;
 use tessera_agent::enforce::watchdog::WatchdogConfig;
 use tessera_agent::events::{EventReason, RecordedEvents};
 use tessera_agent::ledger::PodRef;
+use tessera_agent::testing::StaticAssignments;
 use tessera_contract::Isolation;
 use tessera_device_plugin::testing::PluginConnection;
 

@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 use tessera_agent::agent::{Agent, AgentConfig};
-use tessera_agent::assignments::{AssignmentSource, StaticAssignments};
+use tessera_agent::assignments::AssignmentSource;
 use tessera_agent::gpu::Backend;
 use tessera_agent::gpu::sim::SimBackend;
 use tessera_agent::ledger::PodRef;
 use tessera_agent::node::NodeOptions;
+use tessera_agent::testing::StaticAssignments;
 use tessera_contract::Isolation;
 use tessera_contract::{Assignment, ContainerAssignment, GpuSlice};
 use tessera_device_plugin::testing::{FakeKubelet, FakePodResources, PluginConnection};
