@@ -1,0 +1,1 @@
+//! Finds devices for claims on one node.
