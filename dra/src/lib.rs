@@ -15,8 +15,10 @@
 
 pub mod allocator;
 pub mod api;
+mod capacity;
 pub mod pools;
 pub mod quantity;
 pub mod selector;
 
+pub use capacity::CapacityError;
 pub use quantity::{Quantity, QuantityError};

@@ -44,6 +44,11 @@ impl Quantity {
         }
     }
 
+    /// `nano` billionths of a unit.
+    pub const fn from_nano(nano: i128) -> Quantity {
+        Quantity { nano }
+    }
+
     /// `milli` thousandths of a unit.
     pub const fn from_milli(milli: i64) -> Quantity {
         Quantity {
