@@ -1097,5 +1097,4 @@ impl fmt::Debug for Allocator<'_> {
 }
 
 #[cfg(test)]
-#[path = "allocator_tests.rs"]
 mod tests;

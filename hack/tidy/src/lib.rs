@@ -48,6 +48,25 @@ pub const RULES: &[Rule] = &[
         why: "the scheduling core is pure: no I/O, no clocks (time is a field of the snapshot)",
     },
     Rule {
+        path: "dra/src",
+        never: &[
+            "kube",
+            "k8s_openapi",
+            "tokio",
+            "tonic",
+            "tessera_core",
+            "tessera_coordinator",
+            "std::fs",
+            "std::net",
+            "std::process",
+            "Instant::now",
+            "SystemTime::now",
+            "std::time::Instant::now",
+            "std::time::SystemTime::now",
+        ],
+        why: "tessera-dra is pure: never depends on kube, tokio, or the coordinator; no I/O, no clocks",
+    },
+    Rule {
         path: "coordinator/core/src/model",
         never: &[
             "crate::placement",
