@@ -70,8 +70,15 @@ pub struct SelectorCache {
     to_semver: Program,
     expressions: FxHashMap<String, usize>,
     compiled: Vec<Compiled>,
-    devices: FxHashMap<DeviceId, (i64, Result<DeviceValue, String>)>,
-    results: FxHashMap<(usize, DeviceId), (i64, Result<bool, SelectorError>)>,
+    /// Per device, for its current generation: its `device` value and each expression's result.
+    devices: FxHashMap<DeviceId, DeviceMemo>,
+}
+
+/// What is known about one device at one pool generation.
+struct DeviceMemo {
+    generation: i64,
+    value: Result<DeviceValue, String>,
+    results: FxHashMap<usize, Result<bool, SelectorError>>,
 }
 
 /// The `device` variable's parts, built once per device and generation.
@@ -102,7 +109,6 @@ impl SelectorCache {
             expressions: FxHashMap::default(),
             compiled: Vec::new(),
             devices: FxHashMap::default(),
-            results: FxHashMap::default(),
         }
     }
 
@@ -132,100 +138,81 @@ impl SelectorCache {
     }
 
     /// Whether `device` satisfies `expression`, evaluated at most once per device generation.
-    pub fn matches(
-        &mut self,
-        expression: &str,
-        device: &PoolDevice<'_>,
-    ) -> Result<bool, SelectorError> {
+    pub fn matches(&mut self, expression: &str, device: &PoolDevice<'_>) -> Result<bool, SelectorError> {
         let index = self.index(expression);
-        let key = (index, device.id.clone());
-        if let Some((generation, result)) = self.results.get(&key)
-            && *generation == device.generation
-        {
+        let memo = match self.devices.get_mut(&device.id) {
+            Some(memo) if memo.generation == device.generation => memo,
+            _ => {
+                let value = device_value(&self.root, &self.to_quantity, &self.to_semver, &device.id, device.device);
+                let memo = DeviceMemo {
+                    generation: device.generation,
+                    value,
+                    results: FxHashMap::default(),
+                };
+                self.devices.insert(device.id.clone(), memo);
+                // Just inserted.
+                self.devices.get_mut(&device.id).unwrap_or_else(|| unreachable!())
+            }
+        };
+        if let Some(result) = memo.results.get(&index) {
             return result.clone();
         }
-        let result = self.evaluate(index, expression, device);
-        self.results
-            .insert(key, (device.generation, result.clone()));
+        let result = evaluate(&self.root, &self.compiled[index], &memo.value, expression, device);
+        memo.results.insert(index, result.clone());
         result
     }
 
     /// Forgets devices for which `keep` is false (their pools are gone).
     pub fn retain_devices(&mut self, mut keep: impl FnMut(&DeviceId) -> bool) {
         self.devices.retain(|id, _| keep(id));
-        self.results.retain(|(_, id), _| keep(id));
     }
 
     /// How many (expression, device) results are memoised.
     pub fn memoised(&self) -> usize {
-        self.results.len()
+        self.devices.values().map(|m| m.results.len()).sum()
     }
+}
 
-    fn evaluate(
-        &mut self,
-        index: usize,
-        expression: &str,
-        device: &PoolDevice<'_>,
-    ) -> Result<bool, SelectorError> {
-        let runtime = |message: String| SelectorError::Runtime {
-            expression: expression.to_owned(),
-            device: device.id.clone(),
-            message,
-        };
-        let program = match &self.compiled[index].program {
-            Ok(program) => program,
-            Err(message) => {
-                return Err(SelectorError::Compile {
-                    expression: expression.to_owned(),
-                    message: message.clone(),
-                });
-            }
-        };
-        let fresh = self
-            .devices
-            .get(&device.id)
-            .filter(|(generation, _)| *generation == device.generation);
-        let value = match fresh {
-            Some((_, value)) => value.clone(),
-            None => {
-                let value = device_value(
-                    &self.root,
-                    &self.to_quantity,
-                    &self.to_semver,
-                    &device.id,
-                    device.device,
-                );
-                self.devices
-                    .insert(device.id.clone(), (device.generation, value.clone()));
-                value
-            }
-        };
-        let mut value = value.map_err(runtime)?;
-        for literal in &self.compiled[index].literals {
-            let key = Key::from(literal.as_str());
-            value
-                .attributes
-                .entry(key.clone())
-                .or_insert_with(empty_map);
-            value.capacity.entry(key).or_insert_with(empty_map);
+fn evaluate(
+    root: &Context<'static>,
+    compiled: &Compiled,
+    value: &Result<DeviceValue, String>,
+    expression: &str,
+    device: &PoolDevice<'_>,
+) -> Result<bool, SelectorError> {
+    let runtime = |message: String| SelectorError::Runtime {
+        expression: expression.to_owned(),
+        device: device.id.clone(),
+        message,
+    };
+    let program = match &compiled.program {
+        Ok(program) => program,
+        Err(message) => {
+            return Err(SelectorError::Compile {
+                expression: expression.to_owned(),
+                message: message.clone(),
+            });
         }
-        let mut scope = self.root.new_inner_scope();
-        let fields: HashMap<Key, Value> = [
-            (Key::from("driver"), value.driver),
-            (Key::from("attributes"), map(value.attributes)),
-            (Key::from("capacity"), map(value.capacity)),
-            (Key::from("allowMultipleAllocations"), value.allow_multiple),
-        ]
-        .into();
-        scope.add_variable_from_value("device", map(fields));
-        match program.execute(&scope) {
-            Ok(Value::Bool(result)) => Ok(result),
-            Ok(other) => Err(runtime(format!(
-                "the expression must return a bool, not {:?}",
-                other.type_of()
-            ))),
-            Err(error) => Err(runtime(error.to_string())),
-        }
+    };
+    let mut value = value.clone().map_err(runtime)?;
+    for literal in &compiled.literals {
+        let key = Key::from(literal.as_str());
+        value.attributes.entry(key.clone()).or_insert_with(empty_map);
+        value.capacity.entry(key).or_insert_with(empty_map);
+    }
+    let mut scope = root.new_inner_scope();
+    let fields: HashMap<Key, Value> = [
+        (Key::from("driver"), value.driver),
+        (Key::from("attributes"), map(value.attributes)),
+        (Key::from("capacity"), map(value.capacity)),
+        (Key::from("allowMultipleAllocations"), value.allow_multiple),
+    ]
+    .into();
+    scope.add_variable_from_value("device", map(fields));
+    match program.execute(&scope) {
+        Ok(Value::Bool(result)) => Ok(result),
+        Ok(other) => Err(runtime(format!("the expression must return a bool, not {:?}", other.type_of()))),
+        Err(error) => Err(runtime(error.to_string())),
     }
 }
 
