@@ -251,7 +251,11 @@ mod tests {
     fn fractional_steps_use_thousandths() {
         let c = cap("1", Some(range("100m", None, Some("250m"))));
         assert_eq!(consumed_for(Some(q("200m")), &c), Ok(q("350m")));
-        assert_eq!(consumed_for(Some(q("200u")), &c), Ok(q("100m")), "below min: min");
+        assert_eq!(
+            consumed_for(Some(q("200u")), &c),
+            Ok(q("100m")),
+            "below min: min"
+        );
         assert!(consumed_for(Some(q("150500u")), &c).is_err());
     }
 

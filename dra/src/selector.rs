@@ -138,12 +138,22 @@ impl SelectorCache {
     }
 
     /// Whether `device` satisfies `expression`, evaluated at most once per device generation.
-    pub fn matches(&mut self, expression: &str, device: &PoolDevice<'_>) -> Result<bool, SelectorError> {
+    pub fn matches(
+        &mut self,
+        expression: &str,
+        device: &PoolDevice<'_>,
+    ) -> Result<bool, SelectorError> {
         let index = self.index(expression);
         let memo = match self.devices.get_mut(&device.id) {
             Some(memo) if memo.generation == device.generation => memo,
             _ => {
-                let value = device_value(&self.root, &self.to_quantity, &self.to_semver, &device.id, device.device);
+                let value = device_value(
+                    &self.root,
+                    &self.to_quantity,
+                    &self.to_semver,
+                    &device.id,
+                    device.device,
+                );
                 let memo = DeviceMemo {
                     generation: device.generation,
                     value,
@@ -151,13 +161,21 @@ impl SelectorCache {
                 };
                 self.devices.insert(device.id.clone(), memo);
                 // Just inserted.
-                self.devices.get_mut(&device.id).unwrap_or_else(|| unreachable!())
+                self.devices
+                    .get_mut(&device.id)
+                    .unwrap_or_else(|| unreachable!())
             }
         };
         if let Some(result) = memo.results.get(&index) {
             return result.clone();
         }
-        let result = evaluate(&self.root, &self.compiled[index], &memo.value, expression, device);
+        let result = evaluate(
+            &self.root,
+            &self.compiled[index],
+            &memo.value,
+            expression,
+            device,
+        );
         memo.results.insert(index, result.clone());
         result
     }
@@ -197,7 +215,10 @@ fn evaluate(
     let mut value = value.clone().map_err(runtime)?;
     for literal in &compiled.literals {
         let key = Key::from(literal.as_str());
-        value.attributes.entry(key.clone()).or_insert_with(empty_map);
+        value
+            .attributes
+            .entry(key.clone())
+            .or_insert_with(empty_map);
         value.capacity.entry(key).or_insert_with(empty_map);
     }
     let mut scope = root.new_inner_scope();
@@ -211,7 +232,10 @@ fn evaluate(
     scope.add_variable_from_value("device", map(fields));
     match program.execute(&scope) {
         Ok(Value::Bool(result)) => Ok(result),
-        Ok(other) => Err(runtime(format!("the expression must return a bool, not {:?}", other.type_of()))),
+        Ok(other) => Err(runtime(format!(
+            "the expression must return a bool, not {:?}",
+            other.type_of()
+        ))),
         Err(error) => Err(runtime(error.to_string())),
     }
 }

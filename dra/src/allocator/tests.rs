@@ -591,3 +591,36 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn all_under_a_constraint_keeps_upstream_order() {
+    // gpu-1 is already shared, so the preference would try it first for "share"; then "all"
+    // (gpu-0) breaks the numa constraint, which upstream makes a hard failure. Upstream tries
+    // gpu-0 first and succeeds, so must we.
+    let devices = json!([
+        {"name": "gpu-0", "allowMultipleAllocations": true, "attributes": {"numa": {"int": 1}},
+         "capacity": {"memory": {"value": "8"}}},
+        {"name": "gpu-1", "allowMultipleAllocations": true, "attributes": {"numa": {"int": 0}},
+         "capacity": {"memory": {"value": "8"}}}]);
+    let mut node = Node::new(vec![slice("s", "p", 1, 1, devices)]);
+    node.allocated.shared.insert(
+        DeviceId {
+            driver: DRIVER.into(),
+            pool: "p".into(),
+            device: "gpu-1".into(),
+        },
+        [("memory".to_owned(), Quantity::from_units(1))].into(),
+    );
+    let got = node
+        .allocate(&[claim(
+            "a",
+            json!({"requests": [
+                {"name": "share", "exactly": {"deviceClassName": "gpu", "capacity": {"requests": {"memory": "1"}}}},
+                {"name": "all", "exactly": {"deviceClassName": "gpu", "allocationMode": "All",
+                    "capacity": {"requests": {"memory": "1"}},
+                    "selectors": [{"cel": {"expression": "device.attributes['gpu.example.com'].numa == 1"}}]}}],
+                "constraints": [{"matchAttribute": "numa"}]}),
+        )])
+        .unwrap();
+    assert_eq!(names(&got[0]), vec!["gpu-0", "gpu-0"]);
+}
