@@ -27,6 +27,7 @@ import (
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
 
 	"github.com/tessera-gpu/tessera/hack/k8s/internal/cluster"
+	"github.com/tessera-gpu/tessera/hack/k8s/internal/dra"
 	"github.com/tessera-gpu/tessera/hack/k8s/internal/filters"
 	"github.com/tessera-gpu/tessera/hack/k8s/internal/kubelet"
 	"github.com/tessera-gpu/tessera/hack/k8s/internal/promlint"
@@ -109,7 +110,7 @@ func root() *cobra.Command {
 		Short:        "Real Kubernetes components as test peers (also: kube-peer kube-scheduler|kube-controller-manager|helm|kubectl ARGS)",
 		SilenceUsage: true,
 	}
-	r.AddCommand(clusterCmd(), nodeCmd(), fleetCmd(), promlintCmd(), filtersCmd())
+	r.AddCommand(clusterCmd(), nodeCmd(), fleetCmd(), promlintCmd(), filtersCmd(), draCmd())
 	return r
 }
 
@@ -350,6 +351,26 @@ on every node without stopping at the first rejection. A case that cannot be ans
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return filters.Serve(cmd.Context(), os.Stdin, os.Stdout)
+		},
+	}
+}
+
+func draCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "dra-allocate",
+		Short: "Oracle of the DRA structured allocator: JSON Lines cases on stdin, verdicts on stdout",
+		Long: `Reads one case per line on stdin:
+  {"id": N, "node": Node (optional; default "n1"), "slices": [ResourceSlice...],
+   "classes": [DeviceClass...], "claims": [ResourceClaim...], "allocated": [ResourceClaim...],
+   "tessera": [AllocationResult...] (optional)}
+and writes one line per case, in order:
+  {"id": N, "feasible": bool, "error": "...", "invalid": "..."}
+where feasible is whether k8s.io/dynamic-resource-allocation's structured allocator (every
+feature of the pinned release on) allocates the claims together, error its error, and invalid
+why the "tessera" allocation is not valid (absent when it is).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return dra.Serve(cmd.Context(), os.Stdin, os.Stdout)
 		},
 	}
 }

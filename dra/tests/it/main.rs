@@ -1,0 +1,3 @@
+//! Integration tests of `tessera-dra`: one binary, a module per area.
+
+mod differential;
