@@ -5,11 +5,8 @@
 package dra
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"reflect"
@@ -23,6 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
+
+	"github.com/tessera-gpu/tessera/hack/k8s/internal/jsonl"
 )
 
 // Case is one allocation problem for node "n1": every ResourceSlice of the cluster, the
@@ -256,47 +255,18 @@ type refusal struct {
 // order. A line that cannot be decoded gets {"id": null, "error": "..."}; only an I/O error
 // ends Serve early. Blank lines are skipped.
 func Serve(ctx context.Context, in io.Reader, out io.Writer) error {
-	r := bufio.NewReaderSize(in, 1<<20)
-	w := bufio.NewWriterSize(out, 1<<16)
-	for {
-		line, readErr := r.ReadBytes('\n')
-		if line = bytes.TrimSpace(line); len(line) > 0 {
-			if _, err := w.Write(answerLine(ctx, line)); err != nil {
-				return err
-			}
-		}
-		if readErr != nil {
-			if errors.Is(readErr, io.EOF) {
-				return w.Flush()
-			}
-			_ = w.Flush()
-			return readErr
-		}
-		if r.Buffered() == 0 {
-			if err := w.Flush(); err != nil {
-				return err
-			}
-		}
-	}
+	return jsonl.Serve(in, out, func(line []byte) []byte { return answerLine(ctx, line) })
 }
 
 func answerLine(ctx context.Context, line []byte) (out []byte) {
 	var c Case
 	defer func() {
 		if p := recover(); p != nil {
-			out = encode(refusal{ID: c.ID, Error: fmt.Sprintf("panic: %v", p)})
+			out = jsonl.Encode(refusal{ID: c.ID, Error: fmt.Sprintf("panic: %v", p)})
 		}
 	}()
 	if err := json.Unmarshal(line, &c); err != nil {
-		return encode(refusal{Error: err.Error()})
+		return jsonl.Encode(refusal{Error: err.Error()})
 	}
-	return encode(Evaluate(ctx, &c))
-}
-
-func encode(v any) []byte {
-	b, err := json.Marshal(v)
-	if err != nil {
-		b, _ = json.Marshal(refusal{Error: err.Error()})
-	}
-	return append(b, '\n')
+	return jsonl.Encode(Evaluate(ctx, &c))
 }

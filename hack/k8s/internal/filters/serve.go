@@ -1,13 +1,12 @@
 package filters
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
+
+	"github.com/tessera-gpu/tessera/hack/k8s/internal/jsonl"
 )
 
 type answer struct {
@@ -29,30 +28,7 @@ func Serve(ctx context.Context, in io.Reader, out io.Writer) error {
 		return err
 	}
 	defer o.Close()
-	r := bufio.NewReaderSize(in, 1<<20)
-	w := bufio.NewWriterSize(out, 1<<16)
-	for {
-		line, readErr := r.ReadBytes('\n')
-		if line = bytes.TrimSpace(line); len(line) > 0 {
-			if _, err := w.Write(answerLine(ctx, o, line)); err != nil {
-				return err
-			}
-		}
-		if readErr != nil {
-			if errors.Is(readErr, io.EOF) {
-				return w.Flush()
-			}
-			_ = w.Flush()
-			return readErr
-		}
-		// Flushing only when no further input is already buffered keeps a pipelined caller
-		// fast (one write per batch) and an interactive one answered line by line.
-		if r.Buffered() == 0 {
-			if err := w.Flush(); err != nil {
-				return err
-			}
-		}
-	}
+	return jsonl.Serve(in, out, func(line []byte) []byte { return answerLine(ctx, o, line) })
 }
 
 func answerLine(ctx context.Context, o *Oracle, line []byte) (out []byte) {
@@ -61,17 +37,17 @@ func answerLine(ctx context.Context, o *Oracle, line []byte) (out []byte) {
 		// A plugin that panics on a strange object must not end the run: the caller is a
 		// test harness that wants the remaining answers.
 		if p := recover(); p != nil {
-			out = encode(refusal{ID: c.ID, Error: fmt.Sprintf("panic: %v", p)})
+			out = jsonl.Encode(refusal{ID: c.ID, Error: fmt.Sprintf("panic: %v", p)})
 		}
 	}()
 	if err := json.Unmarshal(line, &c); err != nil {
-		return encode(refusal{ID: idOf(line), Error: err.Error()})
+		return jsonl.Encode(refusal{ID: idOf(line), Error: err.Error()})
 	}
 	nodes, err := o.Evaluate(ctx, &c)
 	if err != nil {
-		return encode(refusal{ID: c.ID, Error: err.Error()})
+		return jsonl.Encode(refusal{ID: c.ID, Error: err.Error()})
 	}
-	return encode(answer{ID: c.ID, Nodes: nodes})
+	return jsonl.Encode(answer{ID: c.ID, Nodes: nodes})
 }
 
 // idOf salvages the id of a line whose body does not decode, so the caller can still tell
@@ -84,13 +60,4 @@ func idOf(line []byte) *int64 {
 		return nil
 	}
 	return probe.ID
-}
-
-func encode(v any) []byte {
-	b, err := json.Marshal(v)
-	if err != nil {
-		// Only our own plain structs are encoded; this cannot fail, but the line must exist.
-		b = []byte(`{"id":null,"error":"encoding the answer failed"}`)
-	}
-	return append(b, '\n')
 }
